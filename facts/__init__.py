@@ -1,0 +1,1 @@
+"""Facts that read what a GPU node really has."""

@@ -1,0 +1,1 @@
+"""pyinfra-gpunode: host-side preparation of Kubernetes GPU worker nodes with pyinfra."""

@@ -1,0 +1,1 @@
+"""Desired-state operations for GPU nodes."""

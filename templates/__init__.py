@@ -1,0 +1,1 @@
+"""Templates shipped with the package."""

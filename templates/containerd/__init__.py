@@ -1,0 +1,1 @@
+"""containerd drop-in templates."""
