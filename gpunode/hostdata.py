@@ -106,6 +106,107 @@ KEYS: dict[str, Key] = {
             "CDI spec directories given to containerd (`cdi_spec_dirs`, containerd 1.7 and 2.x)",
             lambda value: _is_str_list(value) and all(item.startswith("/") for item in value),
         ),
+        Key(
+            "gpunode_driver_branch",
+            "str or null",
+            None,
+            "NVIDIA driver branch (`580`); the newest version of it is installed once, then pinned and held",
+            lambda value: value is None or (isinstance(value, str) and value.isdigit() and len(value) == 3),
+        ),
+        Key(
+            "gpunode_driver_version",
+            "str or null",
+            None,
+            "exact NVIDIA driver version (`580.126.20`), pinned and held; implies the branch",
+            lambda value: value is None or isinstance(value, str),
+        ),
+        Key(
+            "gpunode_driver_flavor",
+            "one of: server, server-open, default, open",
+            "server",
+            "driver package flavour (Ubuntu `-server`/`-open` packages; on Debian `open` picks "
+            "`nvidia-open-kernel-dkms`)",
+            _choice("server", "server-open", "default", "open"),
+        ),
+        Key(
+            "gpunode_allow_dkms",
+            "bool",
+            False,
+            "allow a DKMS-built module (Debian always needs it; Ubuntu only without signed precompiled modules)",
+            _bool,
+        ),
+        Key(
+            "gpunode_mok_enrolled",
+            "bool",
+            False,
+            "the DKMS signing key is enrolled in the node's MOK list, so DKMS may be used under Secure Boot",
+            _bool,
+        ),
+        Key(
+            "gpunode_reboot",
+            "bool",
+            False,
+            "reboot a node whose installed driver differs from the loaded module, then check it again",
+            _bool,
+        ),
+        Key(
+            "gpunode_kernel_hold",
+            "bool",
+            True,
+            "hold the running kernel's packages and kernel meta packages (`false` releases the holds)",
+            _bool,
+        ),
+        Key(
+            "gpunode_unattended_upgrades",
+            "one of: disabled, blacklist",
+            "disabled",
+            "`disabled`: apt periodic jobs, timers and service off; `blacklist`: security updates stay, "
+            "linux-*, nvidia-*, libnvidia-*, containerd, cri-tools never upgraded unattended",
+            _choice("disabled", "blacklist"),
+        ),
+        Key(
+            "gpunode_unattended_blacklist",
+            "list[str]",
+            ["linux-", "nvidia-", "libnvidia-", "containerd", "cri-tools"],
+            "package-name prefixes unattended-upgrades must skip in `blacklist` mode",
+            _is_str_list,
+        ),
+        Key(
+            "gpunode_needrestart_keep",
+            "list[str]",
+            ["containerd", "kubelet"],
+            "services needrestart never restarts on its own (`nvidia-*` always added; list-only mode)",
+            _is_str_list,
+        ),
+        Key(
+            "gpunode_toolkit_source",
+            "one of: repository, deb_dir, installed",
+            "repository",
+            "where the NVIDIA Container Toolkit comes from: NVIDIA's apt repository (key pinned by "
+            "fingerprint), a directory of .deb files on the node, or already installed (only checked)",
+            _choice("repository", "deb_dir", "installed"),
+        ),
+        Key(
+            "gpunode_toolkit_version",
+            "str or null",
+            None,
+            "NVIDIA Container Toolkit package version (`1.17.8-1`) for all four packages, pinned and held",
+            lambda value: value is None or isinstance(value, str),
+        ),
+        Key(
+            "gpunode_toolkit_deb_dir",
+            "absolute path or null",
+            None,
+            "directory on the node holding the toolkit's .deb files (`gpunode_toolkit_source: deb_dir`)",
+            lambda value: value is None or _abs_path(value),
+        ),
+        Key(
+            "gpunode_cdi_spec_path",
+            "absolute path",
+            "/var/run/cdi/nvidia.yaml",
+            "CDI spec generated with nvidia-ctk when missing or not matching the loaded driver",
+            _abs_path,
+        ),
     ]
 }
 

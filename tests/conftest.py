@@ -2,6 +2,8 @@
 
 from pyinfra_testing import util as _testing_util
 
+pytest_plugins = ["tests.fleet.plugin"]
+
 
 def _fake_fact_bool(self: _testing_util.FakeFact) -> bool:
     # pyinfra-testing wraps fact values in FakeFact, which has no __bool__, so

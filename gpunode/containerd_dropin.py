@@ -1,0 +1,333 @@
+"""Compute the nvidia runtime drop-in and the main config's ``imports`` (no I/O).
+
+Our drop-in is imported by name as the **last** entry of config.toml's ``imports``, after the
+user's drop-in glob, so no user drop-in can load after it:
+
+- containerd 1.6/1.7: the last file that touches the CRI plugin owns the whole plugin. Our file
+  carries the CRI section as the user meant it (the main config's CRI keys, then every
+  drop-in's, deep-merged in load order), plus runc if absent, the nvidia runtime and CDI.
+  It is recomputed from the other files on every run, so a user drop-in added later takes
+  effect at the next run instead of erasing the nvidia runtime.
+- containerd 2.x deep-merges: our file holds only the keys we own (the nvidia runtime,
+  ``enable_cdi``, ``cdi_spec_dirs``, and the default runtime when asked), with the same
+  ``version`` and plugin names as config.toml.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+import tomlkit
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, load_order, parsed, resolve_tree
+from pyinfra_gpunode.versions import ContainerdVersionInfo
+
+CRI_V2 = "io.containerd.grpc.v1.cri"
+CRI_V3_RUNTIME = "io.containerd.cri.v1.runtime"
+CRI_V3_IMAGES = "io.containerd.cri.v1.images"
+RUNC_V2 = "io.containerd.runc.v2"
+RUNTIME = "nvidia"
+OUR_DROPIN = "/etc/containerd/gpunode/nvidia-runtime.toml"
+
+
+@dataclass(frozen=True)
+class Options:
+    binary: str = "/usr/bin/nvidia-container-runtime"
+    systemd_cgroup: bool | None = None
+    default_runtime: bool = False
+    cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
+    dropin_dir: str = "/etc/containerd/conf.d"
+    dropin_path: str = OUR_DROPIN
+
+
+@dataclass
+class Plan:
+    """What to write: config.toml's new text and the drop-in, and an account of why."""
+
+    config_path: str
+    config_text: str = ""
+    dropin_path: str = OUR_DROPIN
+    dropin_text: str = ""
+    dropin_data: dict[str, Any] = field(default_factory=dict)
+    intended: dict[str, Any] = field(default_factory=dict)
+    schema: int = 2
+    account: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Tables merge recursively, later scalars and lists replace earlier ones."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Leaf values by dotted path."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict):
+            out.update(flatten(value, dotted))
+        else:
+            out[dotted] = value
+    return out
+
+
+def without_zero_values(table: dict[str, Any]) -> dict[str, Any]:
+    """The table less Go zero values ("" / false / 0 / empty), which mean the same as unset."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            value = without_zero_values(value)
+        if value not in ("", False, 0, [], {}, None):
+            out[key] = value
+    return out
+
+
+def _render(data: dict[str, Any], account: list[str]) -> str:
+    env = Environment(
+        loader=PackageLoader("pyinfra_gpunode.templates", "containerd"),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        autoescape=False,
+    )
+    body = tomlkit.dumps(_sorted(data))
+    text = env.get_template("dropin.toml.j2").render(account=account, body=body)
+    if tomllib.loads(text) != data:
+        raise RuntimeError("rendered drop-in does not parse back to the intended configuration")
+    return text
+
+
+def _sorted(data: dict[str, Any]) -> dict[str, Any]:
+    """``version`` first, then keys in byte order, tables recursively: byte-stable output."""
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    tables = {k: _sorted(v) for k, v in data.items() if isinstance(v, dict)}
+    ordered = dict(sorted(scalars.items(), key=lambda kv: (kv[0] != "version", kv[0])))
+    ordered.update(sorted(tables.items()))
+    return ordered
+
+
+def _schema_errors(files: list[ConfigFile], containerd_major: int) -> list[str]:
+    errors = []
+    for config in files:
+        if config["error"]:
+            errors.append(f"{config['path']}: invalid TOML: {config['error']}")
+        elif config["version"] == 1:
+            errors.append(f"{config['path']}: key 'version' = 1 is not supported; use version = 2")
+        elif config["version"] is not None and config["version"] > (3 if containerd_major >= 2 else 2):
+            errors.append(
+                f"{config['path']}: key 'version' = {config['version']} is not supported "
+                f"by containerd {containerd_major}.x here"
+            )
+    return errors
+
+
+def _runtime_plugin(schema: int) -> str:
+    return CRI_V3_RUNTIME if schema >= 3 else CRI_V2
+
+
+def _cri_table(config: ConfigFile, plugin: str) -> dict[str, Any]:
+    table = parsed(config).get("plugins", {}).get(plugin, {})
+    return table if isinstance(table, dict) else {}
+
+
+def _nvidia_runtime(
+    runtimes: dict[str, Any], runc_default: dict[str, Any], options: Options
+) -> tuple[dict[str, Any], str]:
+    """The nvidia runtime: runc's settings copied, BinaryName ours, SystemdCgroup following runc."""
+    runc = runtimes.get("runc", runc_default)
+    runc_options = runc.get("options", {})
+    base = deep_merge({"runtime_type": RUNC_V2}, runc)
+    runtime = deep_merge(base, runtimes.get(RUNTIME, {}))
+    runtime.setdefault("options", {})
+    cgroup = runc_options.get("SystemdCgroup", False) if options.systemd_cgroup is None else options.systemd_cgroup
+    runtime["options"]["BinaryName"] = options.binary
+    runtime["options"]["SystemdCgroup"] = cgroup
+    why = "set by gpunode_nvidia_systemd_cgroup" if options.systemd_cgroup is not None else "follows runc"
+    return runtime, f"runtime {RUNTIME}: BinaryName = {options.binary}, SystemdCgroup = {str(cgroup).lower()} ({why})"
+
+
+def import_entries(options: Options) -> list[str]:
+    return [f"{options.dropin_dir}/*.toml", options.dropin_path]
+
+
+def edit_imports(text: str | None, schema: int, options: Options) -> str:
+    """config.toml with ``imports`` covering the drop-in glob and ending with our drop-in.
+
+    Edited with tomlkit so comments and layout are kept; an absent file is created.
+    """
+    glob, ours = import_entries(options)
+    if text is None:
+        doc = tomlkit.document()
+        doc["version"] = schema
+        doc["imports"] = [glob, ours]
+        return tomlkit.dumps(doc)
+    doc = tomlkit.parse(text)
+    current = [str(item) for item in doc.get("imports", [])]
+    wanted = [item for item in current if item != ours]
+    if glob not in wanted:
+        wanted.append(glob)
+    wanted.append(ours)
+    if wanted == current:
+        return text
+    if "imports" in doc:
+        doc["imports"] = wanted
+        return tomlkit.dumps(doc)
+    # A new top-level key must come before the first table.
+    imports_line = tomlkit.dumps({"imports": wanted})
+    lines = text.splitlines(keepends=True)
+    insert_at = next(
+        (i for i, line in enumerate(lines) if line.lstrip().startswith("[")),
+        len(lines),
+    )
+    if insert_at == len(lines) and lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    lines.insert(insert_at, imports_line)
+    return "".join(lines)
+
+
+def staged_imports(config_text: str, stage: str = "@GPUNODE_STAGE@") -> str:
+    """config.toml with every import under ``/etc/containerd`` pointing into a staging copy."""
+    doc = tomlkit.parse(config_text)
+    doc["imports"] = [
+        stage + str(entry) if str(entry).startswith(CONFIG_ROOT + "/") else str(entry)
+        for entry in doc.get("imports", [])
+    ]
+    return tomlkit.dumps(doc)
+
+
+def plan(
+    main_path: str,
+    texts: dict[str, str],
+    version: ContainerdVersionInfo,
+    options: Options,
+    runc_default: dict[str, Any] | None = None,
+) -> Plan:
+    """Decide config.toml's text and our drop-in for this node.
+
+    ``texts`` holds every config file on the node (path → content). The drop-in is computed
+    from the tree as it will be once config.toml imports the drop-in directory, without our
+    own file, so it never depends on its previous content. ``runc_default`` is runc as the
+    node's containerd defines it when no file does (from its ``config dump``).
+    """
+    result = Plan(config_path=main_path, dropin_path=options.dropin_path)
+    if (version["major"] == 1 and version["minor"] < 6) or version["major"] not in (1, 2):
+        result.errors.append(f"containerd {version['raw']} is not supported (supported: 1.6, 1.7 and 2.x)")
+        return result
+    main = resolve_tree(main_path, texts)["main"]
+    if main is not None:
+        result.errors += _schema_errors([main], version["major"])
+        if main["version"] is None and not main["error"] and parsed(main):
+            result.errors.append(
+                f"{main_path}: key 'version' is missing, so containerd reads it as version 1; set version = 2"
+            )
+    if result.errors:
+        return result
+
+    default_schema = 3 if version["major"] >= 2 else 2
+    result.schema = main["version"] if main is not None and main["version"] else default_schema
+    result.config_text = edit_imports(main["text"] if main else None, result.schema, options)
+    # Our own file is resolved as empty: it must never feed its own content.
+    tree = resolve_tree(main_path, {**texts, main_path: result.config_text, options.dropin_path: ""})
+    result.errors += tree["problems"]
+    others = [config for config in load_order(tree) if config["path"] != options.dropin_path]
+    result.errors += _schema_errors(others, version["major"])
+    if result.errors:
+        return result
+    plugin = _runtime_plugin(result.schema)
+    for config in others:
+        if config["version"] and config["version"] != result.schema:
+            result.warnings.append(
+                f"{config['path']}: version = {config['version']} differs from config.toml's "
+                f"version = {result.schema}; containerd may drop its settings"
+            )
+    runc = without_zero_values(runc_default or {}) or {"runtime_type": RUNC_V2}
+    if version["major"] == 1:
+        _plan_full_cri(result, others, version, options, runc)
+    else:
+        _plan_owned_keys(result, others, plugin, options, runc)
+    return result
+
+
+def _plan_full_cri(
+    result: Plan, others: list[ConfigFile], version: ContainerdVersionInfo, options: Options, runc: dict[str, Any]
+) -> None:
+    cri: dict[str, Any] = {}
+    for config in others:
+        table = _cri_table(config, CRI_V2)
+        if table:
+            cri = deep_merge(cri, table)
+            result.account.append(f"kept CRI keys of {config['path']}: {', '.join(sorted(flatten(table)))}")
+    containerd = cri.setdefault("containerd", {})
+    runtimes = containerd.setdefault("runtimes", {})
+    if "runc" not in runtimes:
+        runtimes["runc"] = runc
+        result.account.append("added runtime runc as containerd defines it (the CRI plugin needs its default runtime)")
+    runtimes[RUNTIME], line = _nvidia_runtime(runtimes, runc, options)
+    result.account.append(line)
+    if options.default_runtime:
+        containerd["default_runtime_name"] = RUNTIME
+        result.account.append("default runtime: nvidia (gpunode_nvidia_default_runtime)")
+    default = containerd.get("default_runtime_name", "runc")
+    if default not in runtimes:
+        setter = next(
+            (f["path"] for f in reversed(others)
+             if "default_runtime_name" in _cri_table(f, CRI_V2).get("containerd", {})),
+            "config",
+        )
+        result.errors.append(
+            f"{setter}: key 'default_runtime_name' = {default!r} names no runtime defined in any file"
+        )
+        return
+    if version["minor"] >= 7:
+        cri["enable_cdi"] = True
+        cri["cdi_spec_dirs"] = list(options.cdi_spec_dirs)
+        result.account.append(f"enable_cdi = true, cdi_spec_dirs = {list(options.cdi_spec_dirs)}")
+    else:
+        result.account.append("containerd 1.6 has no CDI switch; enable_cdi not written")
+    result.account.append(
+        "containerd 1.x: this file owns the whole CRI plugin and loads last; "
+        "other files' CRI keys are carried here"
+    )
+    result.dropin_data = {"version": 2, "plugins": {CRI_V2: cri}}
+    result.intended = flatten(cri)
+    result.dropin_text = _render(result.dropin_data, result.account)
+
+
+def _plan_owned_keys(
+    result: Plan, others: list[ConfigFile], plugin: str, options: Options, runc: dict[str, Any]
+) -> None:
+    merged: dict[str, Any] = {}
+    for config in others:
+        for name in (CRI_V2, CRI_V3_RUNTIME, CRI_V3_IMAGES):
+            result.intended.update(flatten(_cri_table(config, name)))
+        merged = deep_merge(merged, _cri_table(config, plugin))
+    runtimes = merged.get("containerd", {}).get("runtimes", {})
+    nvidia, line = _nvidia_runtime(runtimes, runc, options)
+    owned: dict[str, Any] = {
+        "enable_cdi": True,
+        "cdi_spec_dirs": list(options.cdi_spec_dirs),
+        "containerd": {"runtimes": {RUNTIME: nvidia}},
+    }
+    result.account.append(line)
+    result.account.append(f"enable_cdi = true, cdi_spec_dirs = {list(options.cdi_spec_dirs)}")
+    if options.default_runtime:
+        owned["containerd"]["default_runtime_name"] = RUNTIME
+        result.account.append("default runtime: nvidia (gpunode_nvidia_default_runtime)")
+    result.account.append(
+        f"containerd 2.x deep-merges: only the keys above, version = {result.schema}, plugin {plugin}"
+    )
+    result.dropin_data = {"version": result.schema, "plugins": {plugin: owned}}
+    result.intended.update(flatten(owned))
+    result.dropin_text = _render(result.dropin_data, result.account)

@@ -1,0 +1,218 @@
+"""Read ``containerd config dump`` and the CRI plugin's start log; judge a candidate (no I/O).
+
+The 1.x dump uses ``io.containerd.grpc.v1.cri``; the 2.x dump always says ``version = 3``
+and uses ``io.containerd.cri.v1.runtime`` and ``io.containerd.cri.v1.images``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, TypedDict
+
+from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, RUNTIME, flatten
+
+
+class RuntimeInfo(TypedDict):
+    runtime_type: str | None
+    BinaryName: str | None
+    SystemdCgroup: bool | None
+
+
+class DumpSummary(TypedDict):
+    dump_version: int | None
+    runtimes: dict[str, RuntimeInfo]
+    default_runtime_name: str | None
+    default_runtime_present: bool
+    enable_cdi: bool | None
+    cdi_spec_dirs: list[str] | None
+    registry_config_path: str | None
+
+
+def cri_tables(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The CRI plugin tables of a dump, keyed by plugin name."""
+    plugins = dump.get("plugins", {})
+    names = (CRI_V3_RUNTIME, CRI_V3_IMAGES) if dump.get("version", 0) >= 3 else (CRI_V2,)
+    return {name: plugins.get(name, {}) for name in names}
+
+
+def runc_runtime(dump: dict[str, Any]) -> dict[str, Any] | None:
+    """runc's table in a dump (the binary's defaults where no file defines runc)."""
+    tables = cri_tables(dump)
+    runtime_table = tables.get(CRI_V3_RUNTIME) or tables.get(CRI_V2) or {}
+    runc = runtime_table.get("containerd", {}).get("runtimes", {}).get("runc")
+    return runc if isinstance(runc, dict) else None
+
+
+def summarize(dump: dict[str, Any]) -> DumpSummary:
+    tables = cri_tables(dump)
+    runtime_table = tables.get(CRI_V3_RUNTIME) or tables.get(CRI_V2) or {}
+    images_table = tables.get(CRI_V3_IMAGES) or tables.get(CRI_V2) or {}
+    containerd = runtime_table.get("containerd", {})
+    runtimes = {
+        name: {
+            "runtime_type": table.get("runtime_type"),
+            "BinaryName": table.get("options", {}).get("BinaryName"),
+            "SystemdCgroup": table.get("options", {}).get("SystemdCgroup"),
+        }
+        for name, table in sorted(containerd.get("runtimes", {}).items())
+    }
+    default = containerd.get("default_runtime_name")
+    return {
+        "dump_version": dump.get("version"),
+        "runtimes": runtimes,  # type: ignore[typeddict-item]
+        "default_runtime_name": default,
+        "default_runtime_present": default in runtimes,
+        "enable_cdi": runtime_table.get("enable_cdi"),
+        "cdi_spec_dirs": runtime_table.get("cdi_spec_dirs"),
+        "registry_config_path": images_table.get("registry", {}).get("config_path"),
+    }
+
+
+def _owned(key: str) -> bool:
+    rest = key.partition(":")[2]
+    return rest in ("enable_cdi", "cdi_spec_dirs") or rest.startswith(f"containerd.runtimes.{RUNTIME}.")
+
+
+def _cri_leaves(dump: dict[str, Any]) -> dict[str, Any]:
+    return {
+        f"{plugin}:{key}": value
+        for plugin, table in cri_tables(dump).items()
+        for key, value in flatten(table).items()
+    }
+
+
+def candidate_losses(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    before_warnings: list[str],
+    after_warnings: list[str],
+    intended: dict[str, Any],
+    binary: str,
+) -> list[str]:
+    """What the candidate config would lose or break, compared with the current dump.
+
+    A CRI key may change only to the value the files set for it (``intended``: dotted paths
+    within a CRI plugin table, e.g. ``registry.config_path``) or where it is one we own;
+    every runtime present before must stay, the default runtime must be defined, and no new
+    warning may appear.
+    """
+    losses = []
+    summary_before, summary_after = summarize(before), summarize(after)
+    runtimes = summary_after["runtimes"]
+    if RUNTIME not in runtimes:
+        losses.append(f"runtime {RUNTIME} is missing from the merged config")
+    elif runtimes[RUNTIME]["BinaryName"] != binary:
+        losses.append(f"runtime {RUNTIME} has BinaryName {runtimes[RUNTIME]['BinaryName']!r}, not {binary!r}")
+    for name in summary_before["runtimes"]:
+        if name not in runtimes:
+            losses.append(f"runtime {name} would be lost")
+    default = summary_after["default_runtime_name"] or "runc"
+    if default not in runtimes:
+        losses.append(f"default runtime {default!r} is not defined")
+    old, new = _cri_leaves(before), _cri_leaves(after)
+    for key, value in sorted(old.items()):
+        if _owned(key) or new.get(key) == value:
+            continue
+        if key not in new and value in ("", False, 0, [], None):
+            continue  # an unset key is Go's zero value
+        rest = key.partition(":")[2]
+        if rest in intended and intended[rest] == new.get(key):
+            continue
+        losses.append(f"{key} would change from {value!r} to {new.get(key, '<unset>')!r}")
+    for warning in after_warnings:
+        if warning not in before_warnings:
+            losses.append(f"new warning: {warning}")
+    return losses
+
+
+_CRI_FAILED = re.compile(r'failed to load plugin io\.containerd\.(?:grpc\.v1\.cri|cri[.\w]*)" error="(.*)"')
+_JSON_CONFIG = re.compile(r'msg="starting cri plugin" config="((?:[^"\\]|\\.)*)"')
+
+
+class CriLoaded(TypedDict):
+    loaded: bool
+    runtimes: list[str]
+    default_runtime_name: str | None
+    enable_cdi: bool | None
+    registry_config_path: str | None
+    error: str | None
+
+
+def _go_map_keys(text: str, start: int) -> list[str]:
+    """Top-level keys of a Go ``%+v`` map printed from ``start`` (just after ``map[``)."""
+    keys = []
+    depth = 0
+    token = ""
+    for char in text[start:]:
+        if depth == 0 and char == "]":
+            break
+        if char in "{[":
+            if depth == 0 and token.endswith(":"):
+                keys.append(token[:-1].strip())
+            depth += 1
+            token = ""
+        elif char in "}]":
+            depth -= 1
+            token = ""
+        elif depth == 0:
+            token = "" if char == " " else token + char
+    return keys
+
+
+def _go_field(text: str, name: str) -> str | None:
+    match = re.search(rf"\b{name}:([^\s}}]*)", text)
+    return match.group(1) if match else None
+
+
+def _cri_loaded(
+    loaded: bool,
+    runtimes: list[str] | None = None,
+    default_runtime_name: str | None = None,
+    enable_cdi: bool | None = None,
+    registry_config_path: str | None = None,
+    error: str | None = None,
+) -> CriLoaded:
+    return {
+        "loaded": loaded,
+        "runtimes": sorted(runtimes or []),
+        "default_runtime_name": default_runtime_name,
+        "enable_cdi": enable_cdi,
+        "registry_config_path": registry_config_path,
+        "error": error,
+    }
+
+
+def _parse_cri_line(line: str) -> CriLoaded | None:
+    failed = _CRI_FAILED.search(line)
+    if failed:
+        return _cri_loaded(False, error=failed.group(1).replace('\\"', '"'))
+    json_config = _JSON_CONFIG.search(line)
+    if json_config:
+        config = json.loads(json_config.group(1).encode().decode("unicode_escape"))
+        containerd = config.get("containerd", {})
+        return _cri_loaded(
+            True,
+            runtimes=list(containerd.get("runtimes", {})),
+            default_runtime_name=containerd.get("defaultRuntimeName"),
+            enable_cdi=config.get("enableCDI"),
+        )
+    if "Start cri plugin with config" in line:
+        marker = line.find("Runtimes:map[")
+        cdi = _go_field(line, "EnableCDI")
+        return _cri_loaded(
+            True,
+            runtimes=_go_map_keys(line, marker + len("Runtimes:map[")) if marker >= 0 else [],
+            default_runtime_name=_go_field(line, "DefaultRuntimeName"),
+            enable_cdi=None if cdi is None else cdi == "true",
+            registry_config_path=_go_field(line, "ConfigPath") or None,
+        )
+    return None
+
+
+def parse_cri_start_log(lines: list[str]) -> CriLoaded:
+    """What the running daemon's CRI plugin loaded, from its last start (or failure) log line."""
+    result = _cri_loaded(False)
+    for line in lines:
+        result = _parse_cri_line(line) or result
+    return result

@@ -1,0 +1,148 @@
+"""containerd's config files as containerd itself loads them (no I/O).
+
+The main config is read first, then its ``imports`` in the order listed; each entry is a Go
+``filepath.Glob`` (byte order), relative entries resolve against the importing file's
+directory, imports of imported files are appended breadth-first, and a file already loaded is
+skipped. Later files win.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import tomllib
+from typing import Any, TypedDict
+
+CONFIG_ROOT = "/etc/containerd"
+_GLOB_META = re.compile(r"[*?\[]")
+
+
+class ConfigFile(TypedDict):
+    path: str
+    version: int | None
+    imports: list[str]
+    plugins: list[str]
+    error: str | None
+    text: str
+
+
+class ConfigTree(TypedDict):
+    main: ConfigFile | None
+    main_path: str
+    imported: list[ConfigFile]
+    problems: list[str]
+
+
+def parse_config_file(path: str, text: str) -> ConfigFile:
+    """Parse one config file: its ``version``, ``imports`` and top-level plugin keys."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        return {"path": path, "version": None, "imports": [], "plugins": [], "error": str(exc), "text": text}
+    version = data.get("version")
+    imports = data.get("imports", [])
+    error = None
+    if version is not None and not isinstance(version, int):
+        error = f"key 'version' must be an integer, got {version!r}"
+        version = None
+    if not isinstance(imports, list) or not all(isinstance(item, str) for item in imports):
+        error = f"key 'imports' must be a list of strings, got {imports!r}"
+        imports = []
+    plugins = data.get("plugins", {})
+    return {
+        "path": path,
+        "version": version,
+        "imports": imports,
+        "plugins": sorted(plugins) if isinstance(plugins, dict) else [],
+        "error": error,
+        "text": text,
+    }
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """Go ``filepath.Match`` semantics: ``*`` and ``?`` never match ``/``; ``[^…]`` negates."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif char == "[":
+            end = pattern.find("]", i + 1)
+            if end == -1:
+                out.append(re.escape(char))
+            else:
+                body = pattern[i + 1 : end]
+                if body.startswith("^"):
+                    body = "^" + body[1:]
+                out.append(f"[{body}]")
+                i = end
+        elif char == "\\" and i + 1 < len(pattern):
+            i += 1
+            out.append(re.escape(pattern[i]))
+        else:
+            out.append(re.escape(char))
+        i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def expand_import(entry: str, importer: str, existing: list[str]) -> list[str]:
+    """The files one ``imports`` entry names, in containerd's order."""
+    path = entry if entry.startswith("/") else posixpath.join(posixpath.dirname(importer), entry)
+    path = posixpath.normpath(path)
+    if not _GLOB_META.search(path):
+        return [path]
+    regex = _glob_regex(path)
+    return sorted((p for p in existing if regex.match(p)), key=lambda p: p.encode())
+
+
+def _inside(entry: str, importer: str) -> bool:
+    path = entry if entry.startswith("/") else posixpath.join(posixpath.dirname(importer), entry)
+    return posixpath.normpath(path).startswith(CONFIG_ROOT + "/")
+
+
+def resolve_tree(main_path: str, texts: dict[str, str]) -> ConfigTree:
+    """Walk the main config's imports breadth-first over the files in ``texts``.
+
+    ``texts`` maps every readable ``*.toml`` under ``/etc/containerd`` (and the main config)
+    to its content. A missing main config is a valid state (containerd's defaults apply).
+    """
+    problems: list[str] = []
+    if main_path not in texts:
+        return {"main": None, "main_path": main_path, "imported": [], "problems": problems}
+    main = parse_config_file(main_path, texts[main_path])
+    existing = sorted(texts)
+    imported: list[ConfigFile] = []
+    loaded = {main_path}
+    pending = [(entry, main) for entry in main["imports"]]
+    while pending:
+        entry, importer = pending.pop(0)
+        paths = expand_import(entry, importer["path"], existing)
+        if not all(path.startswith(CONFIG_ROOT + "/") for path in paths) or not _inside(entry, importer["path"]):
+            problems.append(f"{importer['path']}: key 'imports' entry {entry!r} is outside {CONFIG_ROOT}")
+            continue
+        for path in paths:
+            if path in loaded:
+                continue
+            if path not in texts:
+                problems.append(f"{importer['path']}: key 'imports' names {path}, which does not exist")
+                continue
+            loaded.add(path)
+            config = parse_config_file(path, texts[path])
+            imported.append(config)
+            pending += [(sub, config) for sub in config["imports"]]
+    return {"main": main, "main_path": main_path, "imported": imported, "problems": problems}
+
+
+def load_order(tree: ConfigTree) -> list[ConfigFile]:
+    """Every file containerd reads, main config first."""
+    return ([tree["main"]] if tree["main"] else []) + tree["imported"]
+
+
+def parsed(config: ConfigFile) -> dict[str, Any]:
+    """The file's content as data (empty for a file that does not parse)."""
+    if config["error"]:
+        return {}
+    return tomllib.loads(config["text"])

@@ -1,0 +1,27 @@
+"""Write a file on the node atomically: upload beside it, set owner and mode, then rename."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterator
+from io import StringIO
+
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
+
+
+def write_file(
+    dest: str, text: str, mode: str = "644", user: str = "root", group: str = "root"
+) -> Iterator[FileUploadCommand | StringCommand]:
+    temp = f"{dest}.gpunode-new"
+    yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(dest)))
+    yield FileUploadCommand(StringIO(text), temp)
+    yield StringCommand(
+        "chown", QuoteString(f"{user}:{group}"), QuoteString(temp),
+        "&&", "chmod", QuoteString(mode), QuoteString(temp),
+        "&&", "mv", "-f", QuoteString(temp), QuoteString(dest),
+    )
+
+
+def fail(message: str) -> StringCommand:
+    """A command that fails this host with ``message`` on stderr and changes nothing."""
+    return StringCommand("echo", QuoteString(message), ">&2", "&&", "exit", "1")

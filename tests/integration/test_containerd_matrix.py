@@ -1,0 +1,285 @@
+"""The real-binary matrix: Debian's containerd 1.6.20, 1.7.24 and 2.1.9 judge our files.
+
+Each scenario is a real ``/etc/containerd`` tree in a private mount namespace; the project's
+own fact commands read it, the pure logic plans the files, and ``containerd config dump``
+(and, for some, the daemon itself) says what containerd makes of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, plan, staged_imports
+from pyinfra_gpunode.containerd_dump import candidate_losses, parse_cri_start_log, runc_runtime
+from pyinfra_gpunode.facts.containerd import (
+    ContainerdCandidateDump,
+    ContainerdConfigDump,
+    ContainerdConfigFiles,
+    ContainerdVersion,
+)
+from tests.realbin.namespace import ScenarioHost
+from tests.realbin.scenarios import (
+    CONFD,
+    CONFIG,
+    IMPORTS,
+    debian_config,
+    main_with_cri,
+    registry,
+    toolkit_dropin,
+)
+
+pytestmark = pytest.mark.containerd
+VERSIONS = ["1.6.20", "1.7.24", "2.1.9"]
+BINARY = "/usr/bin/nvidia-container-runtime"
+
+
+@dataclass
+class Expect:
+    runtimes: set[str] = field(default_factory=lambda: {"nvidia", "runc"})
+    config_path: str | None = None
+    default: str = "runc"
+    nvidia_systemd_cgroup: bool = False
+    markers: dict[str, object] = field(default_factory=dict)
+
+
+def scenario(name: str, version: str) -> tuple[dict[str, str], Expect]:
+    """Files of a named scenario and what the merged config must show once we are done."""
+    if name == "no_config":
+        return {}, Expect()
+    if name == "debian":
+        cni = {"cni.bin_dirs": ["/usr/lib/cni"]} if version == "2.1.9" else {"cni.bin_dir": "/usr/lib/cni"}
+        return {CONFIG: debian_config(version)}, Expect(markers=cni)
+    if name == "main_cri":
+        schema = 3 if version == "2.1.9" else 2
+        marker = (
+            {"device_ownership_from_security_context": True}
+            if schema == 3
+            else {"max_container_log_line_size": 12345}
+        )
+        return {CONFIG: main_with_cri(schema)}, Expect(
+            config_path="/etc/containerd/certs.d-main", nvidia_systemd_cgroup=True, markers=marker
+        )
+    if name == "main_cri_v2":
+        return {CONFIG: main_with_cri(2)}, Expect(
+            config_path="/etc/containerd/certs.d-main",
+            nvidia_systemd_cgroup=True,
+            markers={"max_container_log_line_size": 12345},
+        )
+    if name == "registry_first":
+        return {CONFIG: debian_config(version), f"{CONFD}/10-registry.toml": registry()}, Expect(
+            config_path="/etc/containerd/certs.d"
+        )
+    if name == "registry_last":
+        main = debian_config(version).replace("version = 2\n", "version = 2\n" + IMPORTS, 1)
+        files = {CONFIG: main, f"{CONFD}/zz-registry.toml": registry()}
+        return files, Expect(config_path="/etc/containerd/certs.d")
+    if name == "toolkit_and_registry":
+        return {
+            CONFIG: "version = 2\n" + IMPORTS,
+            f"{CONFD}/99-nvidia.toml": toolkit_dropin(),
+            f"{CONFD}/99-registry.toml": registry(),
+        }, Expect(
+            runtimes={"nvidia", "nvidia-cdi", "nvidia-legacy", "runc"},
+            config_path="/etc/containerd/certs.d",
+            default="nvidia",
+            nvidia_systemd_cgroup=False,
+        )
+    raise KeyError(name)
+
+
+SCENARIOS = ["no_config", "debian", "main_cri", "registry_first", "registry_last", "toolkit_and_registry"]
+CASES = [(v, s) for v in VERSIONS for s in SCENARIOS] + [("2.1.9", "main_cri_v2")]
+
+
+def build(tmp_path: Path, version: str, files: dict[str, str]) -> ScenarioHost:
+    host = ScenarioHost(tmp_path, version)
+    for path, text in files.items():
+        host.write(path, text)
+    return host
+
+
+def assert_ready(summary: dict, expect: Expect, version: str) -> None:
+    runtimes = summary["runtimes"]
+    assert expect.runtimes <= set(runtimes), runtimes
+    assert runtimes["nvidia"]["BinaryName"] == BINARY
+    assert bool(runtimes["nvidia"]["SystemdCgroup"]) is expect.nvidia_systemd_cgroup
+    assert summary["default_runtime_name"] in (expect.default, None if expect.default == "runc" else expect.default)
+    assert (summary["default_runtime_name"] or "runc") in runtimes
+    if expect.config_path:
+        assert summary["registry_config_path"] == expect.config_path
+    if version != "1.6.20":
+        assert summary["enable_cdi"] is True
+        assert summary["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+
+
+def cri_table(dump: dict, version: str) -> dict:
+    name = "io.containerd.cri.v1.runtime" if version.startswith("2.") else "io.containerd.grpc.v1.cri"
+    return dump["plugins"][name]
+
+
+def apply_plan(host: ScenarioHost, options: Options | None = None):
+    files = host.fact(ContainerdConfigFiles)
+    version = host.fact(ContainerdVersion)
+    runc = runc_runtime(host.fact(ContainerdConfigDump)["dump"])
+    result = plan(files["main_path"], files["texts"], version, options or Options(), runc)
+    assert not result.errors, result.errors
+    return files, result
+
+
+@pytest.mark.parametrize(("version", "name"), CASES)
+def test_matrix(tmp_path: Path, version: str, name: str) -> None:
+    files_in, expect = scenario(name, version)
+    host = build(tmp_path, version, files_in)
+    before = host.fact(ContainerdConfigDump)
+    _files, result = apply_plan(host)
+
+    candidate = host.fact(
+        ContainerdCandidateDump,
+        config_path=CONFIG,
+        config_text=staged_imports(result.config_text),
+        dropin_path=OUR_DROPIN,
+        dropin_text=result.dropin_text,
+    )
+    assert candidate["error"] is None, candidate["error"]
+    assert_ready(candidate["summary"], expect, version)
+    assert candidate_losses(
+        before["dump"], candidate["dump"], before["warnings"], candidate["warnings"], result.intended, BINARY
+    ) == []
+
+    host.write(CONFIG, result.config_text)
+    host.write(OUR_DROPIN, result.dropin_text)
+    after = host.fact(ContainerdConfigDump)
+    assert after["error"] is None
+    assert after["warnings"] == []
+    assert_ready(after["summary"], expect, version)
+    for key, value in expect.markers.items():
+        table = cri_table(after["dump"], version)
+        for part in key.split("."):
+            table = table[part]
+        assert table == value, key
+
+    # A second plan from the written files changes nothing.
+    _files, again = apply_plan(host)
+    assert (again.config_text, again.dropin_text) == (result.config_text, result.dropin_text)
+
+
+def test_main_config_comments_kept(tmp_path: Path) -> None:
+    host = build(tmp_path, "1.7.24", {CONFIG: main_with_cri(2)})
+    _files, result = apply_plan(host)
+    assert "# operator's own CRI settings" in result.config_text
+    assert result.config_text.count("imports") == 1
+
+
+@pytest.mark.parametrize("version", ["1.6.20", "1.7.24"])
+def test_field_incident_reproduced_then_fixed(tmp_path: Path, version: str) -> None:
+    """A registry drop-in loading after the toolkit's drop-in erases every nvidia runtime on 1.x."""
+    files_in, expect = scenario("toolkit_and_registry", version)
+    host = build(tmp_path, version, files_in)
+    broken = host.fact(ContainerdConfigDump)["summary"]
+    assert not {"nvidia", "nvidia-cdi", "nvidia-legacy"} & set(broken["runtimes"])
+    assert broken["registry_config_path"] == "/etc/containerd/certs.d"
+
+    _files, result = apply_plan(host)
+    host.write(CONFIG, result.config_text)
+    host.write(OUR_DROPIN, result.dropin_text)
+    assert_ready(host.fact(ContainerdConfigDump)["summary"], expect, version)
+
+
+@pytest.mark.parametrize("version", ["1.7.24", "2.1.9"])
+def test_user_dropin_added_later_cannot_erase_nvidia(tmp_path: Path, version: str) -> None:
+    """Our file is imported by name after the glob: a new registry drop-in sorting last loses on 1.x too."""
+    host = build(tmp_path, version, {CONFIG: debian_config(version)})
+    _files, result = apply_plan(host)
+    host.write(CONFIG, result.config_text)
+    host.write(OUR_DROPIN, result.dropin_text)
+    host.write(f"{CONFD}/zzzz-registry.toml", registry("/etc/containerd/certs.d-late"))
+    summary = host.fact(ContainerdConfigDump)["summary"]
+    assert "nvidia" in summary["runtimes"] and "runc" in summary["runtimes"]
+
+    # The next run carries the late drop-in's registry setting into our file.
+    _files, again = apply_plan(host)
+    host.write(OUR_DROPIN, again.dropin_text)
+    assert host.fact(ContainerdConfigDump)["summary"]["registry_config_path"] == "/etc/containerd/certs.d-late"
+
+
+def test_candidate_gate_catches_a_naive_dropin(tmp_path: Path) -> None:
+    """The staged check with the real 1.7 binary reports what an nvidia-only drop-in would lose."""
+    host = build(tmp_path, "1.7.24", {CONFIG: main_with_cri(2)})
+    before = host.fact(ContainerdConfigDump)
+    naive = (
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+        '  runtime_type = "io.containerd.runc.v2"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+        f'  BinaryName = "{BINARY}"\n'
+    )
+    config = main_with_cri(2).replace(IMPORTS, f'imports = ["{CONFD}/*.toml", "{OUR_DROPIN}"]\n')
+    candidate = host.fact(
+        ContainerdCandidateDump,
+        config_path=CONFIG,
+        config_text=staged_imports(config),
+        dropin_path=OUR_DROPIN,
+        dropin_text=naive,
+    )
+    losses = candidate_losses(before["dump"], candidate["dump"], before["warnings"], candidate["warnings"], {}, BINARY)
+    text = "\n".join(losses)
+    assert "runtime runc would be lost" in text
+    assert "registry.config_path would change from '/etc/containerd/certs.d-main'" in text
+    assert "max_container_log_line_size would change from 12345" in text
+
+
+@pytest.mark.parametrize(
+    ("version", "path", "text", "needle"),
+    [
+        ("1.7.24", f"{CONFD}/50-broken.toml", "this is = = not toml\n", "50-broken.toml: invalid TOML"),
+        ("1.7.24", CONFIG, "version = 1\n", "key 'version' = 1 is not supported"),
+        ("2.1.9", f"{CONFD}/10-outside.toml", 'version = 3\nimports = ["/opt/elsewhere/*.toml"]\n', "outside"),
+        ("1.7.24", CONFIG, '[plugins."io.containerd.grpc.v1.cri"]\n  x = 1\n', "key 'version' is missing"),
+    ],
+)
+def test_bad_input_is_named(tmp_path: Path, version: str, path: str, text: str, needle: str) -> None:
+    files_in = {CONFIG: "version = 2\n" + IMPORTS} if path != CONFIG else {}
+    host = build(tmp_path, version, {**files_in, path: text})
+    files = host.fact(ContainerdConfigFiles)
+    result = plan(files["main_path"], files["texts"], host.fact(ContainerdVersion), Options())
+    assert any(needle in error for error in result.errors), result.errors
+
+
+def test_default_runtime_naming_no_runtime_is_refused(tmp_path: Path) -> None:
+    dropin = 'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n  default_runtime_name = "crun"\n'
+    host = build(tmp_path, "1.7.24", {CONFIG: "version = 2\n" + IMPORTS, f"{CONFD}/20-crun.toml": dropin})
+    files = host.fact(ContainerdConfigFiles)
+    result = plan(files["main_path"], files["texts"], host.fact(ContainerdVersion), Options())
+    assert result.errors == [
+        f"{CONFD}/20-crun.toml: key 'default_runtime_name' = 'crun' names no runtime defined in any file"
+    ]
+
+
+@pytest.mark.daemon
+@pytest.mark.parametrize("name", ["toolkit_and_registry", "main_cri"])
+def test_daemon_loads_nvidia_and_runc(tmp_path: Path, name: str) -> None:
+    files_in, _expect = scenario(name, "1.7.24")
+    host = build(tmp_path, "1.7.24", files_in)
+    _files, result = apply_plan(host)
+    host.write(CONFIG, result.config_text)
+    host.write(OUR_DROPIN, result.dropin_text)
+    loaded = parse_cri_start_log(host.run_daemon().splitlines())
+    assert loaded["loaded"], loaded
+    assert {"nvidia", "runc"} <= set(loaded["runtimes"])
+    assert loaded["enable_cdi"] is True
+    assert loaded["registry_config_path"] in ("/etc/containerd/certs.d", "/etc/containerd/certs.d-main")
+
+
+@pytest.mark.daemon
+def test_daemon_without_runc_fails_cri(tmp_path: Path) -> None:
+    """The failure our 1.x drop-in prevents: an nvidia-only drop-in removes runc and the CRI plugin fails."""
+    nvidia_only = (
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+        '  runtime_type = "io.containerd.runc.v2"\n'
+    )
+    host = build(tmp_path, "1.7.24", {CONFIG: "version = 2\n" + IMPORTS, f"{CONFD}/99-nvidia.toml": nvidia_only})
+    loaded = parse_cri_start_log(host.run_daemon().splitlines())
+    assert loaded["loaded"] is False
+    assert "no corresponding runtime configured" in (loaded["error"] or "")

@@ -1,0 +1,83 @@
+"""Config trees the real-binary matrix is run on: what nodes in the field carry."""
+
+from __future__ import annotations
+
+from tests.realbin.debian import containerd_binary
+
+CONFIG = "/etc/containerd/config.toml"
+CONFD = "/etc/containerd/conf.d"
+V2 = '"io.containerd.grpc.v1.cri"'
+V3 = '"io.containerd.cri.v1.runtime"'
+V3_IMAGES = '"io.containerd.cri.v1.images"'
+IMPORTS = f'imports = ["{CONFD}/*.toml"]\n'
+
+
+def debian_config(version: str) -> str:
+    """The config.toml Debian's containerd package ships (version 2, CRI cni dirs)."""
+    return (containerd_binary(version).parents[2] / "etc/containerd/config.toml").read_text()
+
+
+def registry(config_path: str = "/etc/containerd/certs.d", schema: int = 2) -> str:
+    plugin = f"{V2}.registry" if schema == 2 else f"{V3_IMAGES}.registry"
+    return f'version = {schema}\n\n[plugins.{plugin}]\n  config_path = "{config_path}"\n'
+
+
+def main_with_cri(schema: int = 2) -> str:
+    """A config.toml with its own CRI section and markers the merged config must keep."""
+    if schema == 2:
+        return f"""version = 2
+{IMPORTS}
+# operator's own CRI settings
+[plugins.{V2}]
+  max_container_log_line_size = 12345
+
+[plugins.{V2}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins.{V2}.containerd.runtimes.runc.options]
+  SystemdCgroup = true
+
+[plugins.{V2}.registry]
+  config_path = "/etc/containerd/certs.d-main"
+"""
+    return f"""version = 3
+{IMPORTS}
+# operator's own CRI settings
+[plugins.{V3}]
+  device_ownership_from_security_context = true
+
+[plugins.{V3}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins.{V3}.containerd.runtimes.runc.options]
+  SystemdCgroup = true
+
+[plugins.{V3_IMAGES}.registry]
+  config_path = "/etc/containerd/certs.d-main"
+"""
+
+
+def toolkit_dropin() -> str:
+    """What the toolkit's installer writes on 1.x: a CRI copy with three nvidia runtimes, default nvidia."""
+    runtimes = ""
+    for name, suffix in (("nvidia", ""), ("nvidia-cdi", ".cdi"), ("nvidia-legacy", ".legacy")):
+        runtimes += f"""
+[plugins.{V2}.containerd.runtimes.{name}]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins.{V2}.containerd.runtimes.{name}.options]
+  BinaryName = "/usr/bin/nvidia-container-runtime{suffix}"
+  SystemdCgroup = true
+"""
+    return f"""version = 2
+
+[plugins.{V2}]
+  enable_cdi = true
+
+[plugins.{V2}.cni]
+  bin_dir = "/usr/lib/cni"
+  conf_dir = "/etc/cni/net.d"
+
+[plugins.{V2}.containerd]
+  default_runtime_name = "nvidia"
+{runtimes}"""
