@@ -58,13 +58,6 @@ KEYS: dict[str, Key] = {
             _choice("rolling", "none"),
         ),
         Key(
-            "gpunode_containerd_config",
-            "absolute path",
-            "/etc/containerd/config.toml",
-            "containerd's main config file, as the service starts it",
-            _abs_path,
-        ),
-        Key(
             "gpunode_containerd_dropin_dir",
             "absolute path",
             "/etc/containerd/conf.d",

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import logging
+import weakref
 
 from pyinfra import host, state
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 from pyinfra.facts.files import File
 
-from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, plan, staged_imports
+from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, RUNTIME, Options, plan, staged_imports
 from pyinfra_gpunode.containerd_dump import candidate_losses, runc_runtime
 from pyinfra_gpunode.facts.containerd import (
     ContainerdCandidateDump,
     ContainerdConfigDump,
     ContainerdConfigFiles,
+    ContainerdCriLoaded,
+    ContainerdService,
     ContainerdVersion,
 )
 from pyinfra_gpunode.operations._atomic import fail, write_file
@@ -149,3 +152,61 @@ def nvidia_runtime(
         yield from write_file(path, text)
     if state.is_executing:
         logger.info("%scontainerd restart pending: %s", host.print_prefix, ", ".join(writes))
+
+
+# Runs per State: the first host whose restart failed halts the rollout for every later host.
+_HALTED: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+
+_WAIT_FOR_CRI = (
+    "for i in $(seq 1 {timeout}); do "
+    "if systemctl is-active -q containerd; then "
+    "id=$(systemctl show -p InvocationID --value containerd); "
+    'journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | '
+    "grep -qE 'Start cri plugin with config|starting cri plugin|failed to load plugin io.containerd.(grpc.v1.cri|cri)' "
+    "&& exit 0; fi; sleep 1; done; "
+    "echo 'containerd did not report its CRI plugin within {timeout}s' >&2; exit 1"
+)
+
+
+@operation(is_idempotent=False, idempotent_notice="Restarts containerd only when its config is newer than the daemon.")
+def restarted_if_pending(timeout: int = 60):
+    """
+    Restart containerd when a config file is newer than the running daemon, then verify it.
+
+    + timeout: seconds to wait for the unit to be active and the CRI plugin to report
+
+    Verification: the unit is active and the CRI plugin of the new daemon loaded the nvidia
+    runtime and every runtime the previous daemon had. Run it with ``_serial=True``: the
+    first host that fails halts the restarts on every host after it in the same run.
+    ``systemctl restart`` is used, never SIGHUP.
+
+    **Example:**
+
+    .. code:: python
+
+        containerd.restarted_if_pending(name="Restart containerd where pending", _serial=True)
+    """
+    run = state._get_module()  # type: ignore[attr-defined]  # the State behind the context proxy
+    if run in _HALTED:
+        host.noop(f"containerd restart halted after the failure on {_HALTED[run]}")
+        return
+    service = host.get_fact(ContainerdService)
+    if not service or not service["restart_pending"]:
+        host.noop("containerd runs its current config")
+        return
+    loaded_before = host.get_fact(ContainerdCriLoaded)
+    done = False
+    try:
+        yield StringCommand("systemctl", "restart", "containerd")
+        yield StringCommand(_WAIT_FOR_CRI.format(timeout=int(timeout)))
+        loaded = host.get_fact(ContainerdCriLoaded)
+        missing = sorted({RUNTIME, *loaded_before["runtimes"]} - set(loaded["runtimes"]))
+        if not loaded["loaded"] or missing:
+            yield fail(
+                f"containerd restarted but its CRI plugin is not ready: "
+                f"{loaded['error'] or 'missing runtimes ' + ', '.join(missing)}"
+            )
+        done = True
+    finally:
+        if not done and state.is_executing:
+            _HALTED[run] = host.name

@@ -1,0 +1,12 @@
+"""Register the nvidia runtime with containerd on every host of the inventory.
+
+    pyinfra -y INVENTORY deploys/containerd_runtime.py
+    pyinfra -y @chroot/<dir> deploys/containerd_runtime.py --data gpunode_containerd_restart=none
+"""
+
+from pyinfra import host
+
+from pyinfra_gpunode.hostdata import validate
+from pyinfra_gpunode.pipeline import nvidia_runtime_registered
+
+nvidia_runtime_registered(validate(host.data.dict()))

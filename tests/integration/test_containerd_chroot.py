@@ -1,0 +1,101 @@
+"""deploys/containerd_runtime.py through the pyinfra CLI against Debian roots (``@chroot``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
+from tests.fleet.plugin import require_fleet
+from tests.fleet.roots import RootRecipe, ensure_root
+
+REPO = Path(__file__).resolve().parents[2]
+PYINFRA = Path(sys.executable).with_name("pyinfra")
+pytestmark = pytest.mark.fleet
+
+
+@pytest.fixture(params=["trixie", "sid"])
+def chroot(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A writable Debian root (overlay over the cached one) with containerd installed."""
+    require_fleet()
+    lower = ensure_root(RootRecipe(request.param))
+    merged, upper, work = tmp_path / "merged", tmp_path / "upper", tmp_path / "work"
+    for path in (merged, upper, work):
+        path.mkdir()
+    subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={lower},upperdir={upper},workdir={work}", merged],
+        check=True,
+    )
+    try:
+        yield merged
+    finally:
+        subprocess.run(["umount", merged], check=True)
+
+
+def pyinfra(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(PYINFRA), f"@chroot/{root}", "deploys/containerd_runtime.py", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def dump(root: Path) -> dict:
+    done = subprocess.run(
+        ["chroot", str(root), "containerd", "config", "dump"], capture_output=True, text=True, check=True
+    )
+    return tomllib.loads(done.stdout)
+
+
+def runtimes(root: Path) -> set[str]:
+    data = dump(root)
+    plugin = "io.containerd.cri.v1.runtime" if data["version"] == 3 else "io.containerd.grpc.v1.cri"
+    return set(data["plugins"][plugin]["containerd"]["runtimes"])
+
+
+def test_deploy_registers_runtime_then_changes_nothing(chroot: Path) -> None:
+    assert "nvidia" not in runtimes(chroot)
+    first = pyinfra(chroot, "-y", "--data", "gpunode_containerd_restart=none")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert {"nvidia", "runc"} <= runtimes(chroot)
+    written = (chroot / OUR_DROPIN.lstrip("/")).stat()
+    assert oct(written.st_mode & 0o777) == "0o644" and written.st_uid == 0
+    assert not list((chroot / "etc/containerd").rglob("*.gpunode-new"))
+
+    plan = pyinfra(chroot, "--dry", "--json", "--data", "gpunode_containerd_restart=none")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    changes = [op for op in json.loads(plan.stdout[plan.stdout.index("{") :])["plan"] if op["hosts_with_change"]]
+    assert changes == []
+
+    second = pyinfra(chroot, "-y", "--data", "gpunode_containerd_restart=none")
+    assert second.returncode == 0
+    assert (chroot / OUR_DROPIN.lstrip("/")).stat().st_mtime == written.st_mtime
+
+
+def test_bad_host_data_is_refused_before_any_change(chroot: Path) -> None:
+    before = (chroot / "etc/containerd/config.toml").read_text()
+    done = pyinfra(chroot, "-y", "--data", "gpunode_containerd_restart=sometimes")
+    assert done.returncode != 0
+    assert "gpunode_containerd_restart" in done.stdout + done.stderr
+    assert (chroot / "etc/containerd/config.toml").read_text() == before
+    assert not (chroot / OUR_DROPIN.lstrip("/")).exists()
+
+
+def test_invalid_dropin_fails_the_host_and_writes_nothing(chroot: Path) -> None:
+    conf_d = chroot / "etc/containerd/conf.d"
+    conf_d.mkdir(parents=True)
+    (conf_d / "50-broken.toml").write_text("this is = = not toml\n")
+    before = (chroot / "etc/containerd/config.toml").read_text()
+    done = pyinfra(chroot, "-y", "--data", "gpunode_containerd_restart=none")
+    assert done.returncode != 0
+    assert "/etc/containerd/conf.d/50-broken.toml: invalid TOML" in done.stdout + done.stderr
+    assert (chroot / "etc/containerd/config.toml").read_text() == before
+    assert not (chroot / OUR_DROPIN.lstrip("/")).exists()
