@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import copy
 import tomllib
+from importlib import resources
 from dataclasses import dataclass, field
 from typing import Any
 
 import tomlkit
-from jinja2 import Environment, PackageLoader, StrictUndefined
+from jinja2 import Environment, StrictUndefined
 
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, load_order, parsed, resolve_tree
 from pyinfra_gpunode.versions import ContainerdVersionInfo
@@ -94,16 +95,15 @@ def without_zero_values(table: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Read once at import: the template ships as package data (checkout, editable install or wheel).
+_TEMPLATE = Environment(
+    undefined=StrictUndefined, keep_trailing_newline=True, trim_blocks=True, autoescape=False
+).from_string(resources.files("pyinfra_gpunode.templates.containerd").joinpath("dropin.toml.j2").read_text())
+
+
 def _render(data: dict[str, Any], account: list[str]) -> str:
-    env = Environment(
-        loader=PackageLoader("pyinfra_gpunode.templates", "containerd"),
-        undefined=StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        autoescape=False,
-    )
     body = tomlkit.dumps(_sorted(data))
-    text = env.get_template("dropin.toml.j2").render(account=account, body=body)
+    text = _TEMPLATE.render(account=account, body=body)
     if tomllib.loads(text) != data:
         raise RuntimeError("rendered drop-in does not parse back to the intended configuration")
     return text

@@ -216,3 +216,13 @@ def validate(data: Mapping[str, Any]) -> dict[str, Any]:
             raise HostDataError(f"host-data key {name!r} must be {key.kind}, got {value!r}")
         values[name] = value
     return values
+
+
+def markdown_table() -> str:
+    """The README's host-data table."""
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key in KEYS.values():
+        default = "null" if key.default is None else repr(key.default).replace("'", '"').replace("False", "false")
+        default = default.replace("True", "true")
+        rows.append(f"| `{key.name}` | {key.kind} | `{default}` | {key.doc} |")
+    return "\n".join(rows)

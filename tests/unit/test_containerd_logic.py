@@ -1,0 +1,145 @@
+"""Pure logic: load order, imports editing, drop-in rendering, version parsing."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, edit_imports, plan
+from pyinfra_gpunode.containerd_files import load_order, resolve_tree
+from pyinfra_gpunode.versions import parse_containerd_version
+
+MAIN = "/etc/containerd/config.toml"
+V17 = parse_containerd_version("containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6+deb13u1")
+V21 = parse_containerd_version("containerd github.com/containerd/containerd/v2 2.1.9+unknown ")
+
+
+def paths(texts: dict[str, str]) -> list[str]:
+    return [f["path"] for f in load_order(resolve_tree(MAIN, texts))]
+
+
+def test_globs_load_in_byte_order() -> None:
+    names = ["a-x", "Z-x", "99-registry", "99-nvidia", "9-x", "10-x", "100-x"]
+    texts = {MAIN: 'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n'}
+    texts |= {f"/etc/containerd/conf.d/{n}.toml": "" for n in names}
+    order = [p.rsplit("/", 1)[1][:-5] for p in paths(texts)[1:]]
+    assert order == ["10-x", "100-x", "9-x", "99-nvidia", "99-registry", "Z-x", "a-x"]
+
+
+def test_nested_imports_are_breadth_first_without_duplicates() -> None:
+    texts = {
+        MAIN: 'version = 2\nimports = ["a.toml", "b.toml"]\n',
+        "/etc/containerd/a.toml": 'imports = ["c.toml", "b.toml"]\n',
+        "/etc/containerd/b.toml": "",
+        "/etc/containerd/c.toml": 'imports = ["a.toml"]\n',
+    }
+    assert paths(texts) == [MAIN, "/etc/containerd/a.toml", "/etc/containerd/b.toml", "/etc/containerd/c.toml"]
+
+
+def test_glob_star_does_not_cross_directories() -> None:
+    texts = {
+        MAIN: 'version = 2\nimports = ["/etc/containerd/*.toml"]\n',
+        "/etc/containerd/conf.d/x.toml": "",
+        "/etc/containerd/y.toml": "",
+    }
+    assert paths(texts) == [MAIN, "/etc/containerd/y.toml"]
+
+
+def test_missing_import_and_outside_import_are_problems() -> None:
+    tree = resolve_tree(MAIN, {MAIN: 'version = 2\nimports = ["/etc/containerd/gone.toml", "/opt/x/*.toml"]\n'})
+    assert tree["problems"] == [
+        f"{MAIN}: key 'imports' names /etc/containerd/gone.toml, which does not exist",
+        f"{MAIN}: key 'imports' entry '/opt/x/*.toml' is outside /etc/containerd",
+    ]
+
+
+def test_edit_imports_keeps_comments_and_is_stable() -> None:
+    text = 'version = 2\n# keep me\nimports = ["/etc/containerd/other/*.toml"]  # and me\n\n[plugins.x]\n  a = 1\n'
+    edited = edit_imports(text, 2, Options())
+    assert "# keep me" in edited and "# and me" in edited
+    assert tomllib.loads(edited)["imports"] == [
+        "/etc/containerd/other/*.toml",
+        "/etc/containerd/conf.d/*.toml",
+        OUR_DROPIN,
+    ]
+    assert edit_imports(edited, 2, Options()) == edited
+
+
+def test_edit_imports_moves_our_file_last() -> None:
+    text = f'version = 2\nimports = ["{OUR_DROPIN}", "/etc/containerd/conf.d/*.toml", "/etc/containerd/late/*.toml"]\n'
+    assert tomllib.loads(edit_imports(text, 2, Options()))["imports"][-1] == OUR_DROPIN
+
+
+def test_edit_imports_adds_the_key_before_the_first_table() -> None:
+    edited = edit_imports('version = 2\n\n[plugins."x"]\n  a = 1\n', 2, Options())
+    data = tomllib.loads(edited)
+    assert "imports" in data and "imports" not in data["plugins"]["x"]
+
+
+def test_missing_config_is_created_with_the_versions_schema() -> None:
+    assert tomllib.loads(plan(MAIN, {}, V17, Options()).config_text)["version"] == 2
+    result = plan(MAIN, {}, V21, Options())
+    assert tomllib.loads(result.config_text)["version"] == 3
+    assert "io.containerd.cri.v1.runtime" in tomllib.loads(result.dropin_text)["plugins"]
+
+
+def test_rendering_is_byte_stable_and_parses_back() -> None:
+    texts = {MAIN: 'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/c"\n'}
+    first, second = plan(MAIN, texts, V17, Options()), plan(MAIN, texts, V17, Options())
+    assert first.dropin_text == second.dropin_text
+    assert tomllib.loads(first.dropin_text) == first.dropin_data
+
+
+def test_systemd_cgroup_follows_runc_unless_set() -> None:
+    texts = {
+        MAIN: 'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+        "  SystemdCgroup = true\n"
+    }
+
+    def nvidia(options: Options) -> dict:
+        data = plan(MAIN, texts, V17, options).dropin_data
+        return data["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["nvidia"]["options"]
+
+    assert nvidia(Options())["SystemdCgroup"] is True
+    assert nvidia(Options(systemd_cgroup=False))["SystemdCgroup"] is False
+
+
+def test_default_runtime_only_when_asked() -> None:
+    def default(options: Options) -> str | None:
+        data = plan(MAIN, {MAIN: "version = 3\n"}, V21, options).dropin_data
+        return data["plugins"]["io.containerd.cri.v1.runtime"]["containerd"].get("default_runtime_name")
+
+    assert default(Options()) is None
+    assert default(Options(default_runtime=True)) == "nvidia"
+
+
+def test_16_gets_no_cdi_keys() -> None:
+    v16 = parse_containerd_version("containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3")
+    cri = plan(MAIN, {}, v16, Options()).dropin_data["plugins"]["io.containerd.grpc.v1.cri"]
+    assert "enable_cdi" not in cri and "cdi_spec_dirs" not in cri
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3", (1, 6, 20)),
+        ("containerd github.com/containerd/containerd/v2 v2.3.2 fff62f14.m", (2, 3, 2)),
+        ("containerd github.com/containerd/containerd v1.7.9+azure 4f03e100", (1, 7, 9)),
+        ("containerd github.com/containerd/containerd 1.7.2 ", (1, 7, 2)),
+    ],
+)
+def test_containerd_versions(line: str, expected: tuple[int, int, int]) -> None:
+    version = parse_containerd_version(line)
+    assert version is not None
+    assert (version["major"], version["minor"], version["patch"]) == expected
+
+
+@pytest.mark.parametrize("line", ["", "ctr github.com/containerd/containerd/v2 2.1.9+unknown", "containerd x y"])
+def test_unknown_version_forms(line: str) -> None:
+    assert parse_containerd_version(line) is None
+
+
+def test_unsupported_containerd_is_refused() -> None:
+    old = parse_containerd_version("containerd github.com/containerd/containerd 1.5.9 x")
+    assert plan(MAIN, {}, old, Options()).errors == ["containerd 1.5.9 is not supported (supported: 1.6, 1.7 and 2.x)"]

@@ -1,0 +1,100 @@
+"""Project contracts: docstrings, the README's host-data table, packaging of the templates."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyinfra.api import FactBase
+
+import pyinfra_gpunode.facts
+import pyinfra_gpunode.operations
+from pyinfra_gpunode.hostdata import KEYS, HostDataError, markdown_table, validate
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _modules(package):
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith("_"):
+            yield importlib.import_module(f"{package.__name__}.{info.name}")
+
+
+OPERATIONS = [
+    (module.__name__, name, obj)
+    for module in _modules(pyinfra_gpunode.operations)
+    for name, obj in vars(module).items()
+    if callable(obj) and hasattr(obj, "_inner") and obj.__module__ == module.__name__
+]
+FACTS = [
+    (module.__name__, name, obj)
+    for module in _modules(pyinfra_gpunode.facts)
+    for name, obj in vars(module).items()
+    if inspect.isclass(obj) and issubclass(obj, FactBase) and obj.__module__ == module.__name__
+]
+
+
+@pytest.mark.parametrize(("module", "name", "op"), OPERATIONS, ids=[f"{m}.{n}" for m, n, _ in OPERATIONS])
+def test_operation_docstrings_match_signatures(module: str, name: str, op) -> None:
+    doc = inspect.getdoc(op._inner) or ""
+    documented = re.findall(r"^\+ (\w+):", doc, re.M)
+    assert documented == list(inspect.signature(op._inner).parameters), f"{module}.{name}"
+    assert ".. code:: python" in doc, f"{module}.{name} has no example"
+
+
+@pytest.mark.parametrize(("module", "name", "fact"), FACTS, ids=[f"{m}.{n}" for m, n, _ in FACTS])
+def test_fact_docstrings_show_a_value(module: str, name: str, fact) -> None:
+    doc = inspect.getdoc(fact) or ""
+    assert doc.startswith("Returns"), f"{module}.{name}"
+    assert ".. code:: python" in doc, f"{module}.{name}"
+
+
+def test_readme_host_data_table_matches_the_keys() -> None:
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("<!-- host-data table", 1)[1].split("-->", 1)[1].split("<!-- end host-data table -->")[0]
+    assert table.strip() == markdown_table()
+
+
+def test_host_data_defaults_are_valid_and_bad_values_are_named() -> None:
+    values = validate({})
+    assert set(values) == set(KEYS)
+    with pytest.raises(HostDataError, match="gpunode_containerd_restart"):
+        validate({"gpunode_containerd_restart": "sometimes"})
+    with pytest.raises(HostDataError, match="unknown host-data key 'gpunode_nvidia_runtime'"):
+        validate({"gpunode_nvidia_runtime": "/x"})
+
+
+def test_editable_install_finds_templates_in_the_checkout() -> None:
+    templates = importlib.import_module("pyinfra_gpunode.templates.containerd")
+    assert Path(templates.__file__).resolve().parent == REPO / "templates" / "containerd"
+
+
+def test_wheel_ships_templates_and_renders(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", REPO],
+        check=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("pyinfra_gpunode-*.whl")
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, wheel], check=True)
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "import pyinfra_gpunode.containerd_dropin as d, pyinfra_gpunode.templates.containerd as t; "
+        "from pyinfra_gpunode.versions import parse_containerd_version as v; "
+        "r = d.plan('/etc/containerd/config.toml', {}, v('containerd x 1.7.24 y'), d.Options()); "
+        "print(t.__file__); print(r.dropin_text.splitlines()[0])"
+    )
+    # Run outside the checkout so the repository's folders cannot shadow the wheel.
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", probe, str(target)], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    template_file, first_line = done.stdout.splitlines()
+    assert template_file.startswith(str(target))
+    assert first_line.startswith("# Managed by pyinfra-gpunode")
