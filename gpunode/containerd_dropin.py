@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import copy
 import tomllib
-from importlib import resources
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 import tomlkit

@@ -76,13 +76,11 @@ def test_editable_install_finds_templates_in_the_checkout() -> None:
 
 
 def test_wheel_ships_templates_and_renders(tmp_path: Path) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", REPO],
-        check=True,
-    )
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", REPO], check=True)
     (wheel,) = (tmp_path / "dist").glob("pyinfra_gpunode-*.whl")
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, wheel], check=True)
+    subprocess.run([*pip, "install", "-q", "--no-deps", "--target", target, wheel], check=True)
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1]); "
         "import pyinfra_gpunode.containerd_dropin as d, pyinfra_gpunode.templates.containerd as t; "

@@ -1,0 +1,166 @@
+"""Facts about the node's kernel: running release, kernel packages, holds, boot kernel, Secure Boot, nouveau."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_sections
+
+SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+
+SECURE_BOOT_SCRIPT = "; ".join(
+    [
+        marker("secureboot"),
+        "if [ ! -d /sys/firmware/efi ]; then echo bios; "
+        f"elif [ -r {SECURE_BOOT_VAR} ]; then echo efivar $(od -An -t u1 -j 4 -N 1 {SECURE_BOOT_VAR}); "
+        "elif command -v mokutil >/dev/null 2>&1; then echo mokutil $(mokutil --sb-state 2>&1 | head -n 1); "
+        "else echo unknown; fi",
+    ]
+)
+
+
+def parse_secure_boot(lines: list[str]) -> bool | None:
+    """``True``/``False`` from the Secure Boot section; None when it cannot be told."""
+    text = " ".join(lines).strip()
+    if text == "bios" or "doesn't support Secure Boot" in text:
+        return False
+    if text.startswith("efivar"):
+        value = text.split()[1:] or [""]
+        return {"1": True, "0": False}.get(value[0])
+    lowered = text.lower()
+    if "secureboot enabled" in lowered or "secure boot enabled" in lowered:
+        return True
+    if "secureboot disabled" in lowered or "secure boot disabled" in lowered:
+        return False
+    return None
+
+
+def _boot_kernel(lines: list[str]) -> str | None:
+    for line in lines:
+        target = line.strip().rsplit("/", 1)[-1]
+        if target.startswith("vmlinuz-"):
+            return target[len("vmlinuz-") :]
+    return None
+
+
+class KernelState(FactBase[dict[str, Any]]):
+    """
+    Returns the kernel state in one read: running release, installed ``linux-*`` packages,
+    held packages (``apt-mark showhold``), the kernel the ``/vmlinuz`` (Debian) or
+    ``/boot/vmlinuz`` (Ubuntu) link boots next, Secure Boot, and whether nouveau is loaded.
+
+    .. code:: python
+
+        {
+            "running": "6.12.117+deb13-cloud-amd64",
+            "packages": {"linux-image-cloud-amd64": "6.12.117-1"},
+            "held": ["linux-image-cloud-amd64"],
+            "boot_kernel": "6.12.117+deb13-cloud-amd64",
+            "secure_boot": False,
+            "nouveau_loaded": False,
+        }
+    """
+
+    @override
+    def command(self) -> str:
+        return "; ".join(
+            [
+                marker("running"),
+                "uname -r",
+                marker("packages"),
+                dpkg_query("linux-*"),
+                marker("held"),
+                "apt-mark showhold 2>/dev/null || true",
+                marker("boot"),
+                'for link in /vmlinuz /boot/vmlinuz; do if [ -L "$link" ]; then readlink "$link"; fi; done',
+                SECURE_BOOT_SCRIPT,
+                marker("nouveau"),
+                "if [ -d /sys/module/nouveau ]; then echo loaded; fi",
+            ]
+        )
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {
+            "running": None,
+            "packages": {},
+            "held": [],
+            "boot_kernel": None,
+            "secure_boot": None,
+            "nouveau_loaded": False,
+        }
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        sections = split_sections(output)
+        running = [line.strip() for line in sections.get("running", []) if line.strip()]
+        packages = parse_dpkg_status(sections.get("packages", []))
+        return {
+            "running": running[0] if running else None,
+            "packages": {name: info["version"] for name, info in sorted(packages.items())},
+            "held": sorted({line.strip() for line in sections.get("held", []) if line.strip()}),
+            "boot_kernel": _boot_kernel(sections.get("boot", [])),
+            "secure_boot": parse_secure_boot(sections.get("secureboot", [])),
+            "nouveau_loaded": any(line.strip() == "loaded" for line in sections.get("nouveau", [])),
+        }
+
+
+class KernelSecureBoot(FactBase[Any]):
+    """
+    Returns whether Secure Boot is on: ``True``/``False``; ``False`` on a BIOS boot; None
+    when neither the EFI variable nor ``mokutil`` can tell.
+
+    .. code:: python
+
+        True
+    """
+
+    @override
+    def command(self) -> str:
+        return SECURE_BOOT_SCRIPT
+
+    @staticmethod
+    def default() -> None:
+        return None
+
+    @override
+    def process(self, output: list[str]) -> bool | None:
+        return parse_secure_boot(split_sections(output).get("secureboot", []))
+
+
+class NouveauBlacklist(FactBase[dict[str, Any]]):
+    """
+    Returns the content of a modprobe.d file meant to blacklist nouveau (None when absent)
+    and whether nouveau is loaded now.
+
+    .. code:: python
+
+        {"content": "blacklist nouveau\\noptions nouveau modeset=0\\n", "loaded": False}
+    """
+
+    @override
+    def command(self, path: str) -> str:
+        return "; ".join(
+            [
+                marker("nouveau"),
+                "if [ -d /sys/module/nouveau ]; then echo loaded; fi",
+                f"if [ -f {shlex.quote(path)} ]; then {marker('content')}; cat {shlex.quote(path)}; fi",
+            ]
+        )
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {"content": None, "loaded": False}
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        sections = split_sections(output)
+        content = sections.get("content")
+        return {
+            "content": None if content is None else "\n".join(content) + "\n",
+            "loaded": any(line.strip() == "loaded" for line in sections.get("nouveau", [])),
+        }

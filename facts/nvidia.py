@@ -1,0 +1,444 @@
+"""Facts about NVIDIA GPUs, the driver, NVML, Fabric Manager and the container toolkit on a node."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from pyinfra.api import FactBase
+from pyinfra.api.exceptions import FactProcessError
+from typing_extensions import override
+
+from pyinfra_gpunode.driver_versions import parse_proc_version, version_from_library
+from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_sections
+
+# ---- shell parts, shared by the facts below and the combined NvidiaHostState --------------
+
+DRIVER_SCRIPT = "; ".join(
+    [
+        "PATH=$PATH:/sbin:/usr/sbin",
+        marker("module"),
+        "if [ -r /sys/module/nvidia/version ]; then cat /sys/module/nvidia/version; fi",
+        marker("proc"),
+        "if [ -r /proc/driver/nvidia/version ]; then cat /proc/driver/nvidia/version; fi",
+        marker("library"),
+        "ldconfig -p 2>/dev/null | awk '$1 == \"libnvidia-ml.so.1\" && /x86-64|AArch64/ {print $NF}' "
+        '| while read -r lib; do readlink -f "$lib"; done',
+        marker("smi"),
+        "if command -v nvidia-smi >/dev/null 2>&1; then "
+        "nvidia-smi --query-gpu=driver_version --format=csv,noheader >/dev/null 2>&1; echo rc=$?; fi",
+    ]
+)
+
+PCI_SCRIPT = "; ".join(
+    [
+        marker("pci"),
+        "for dev in /sys/bus/pci/devices/*; do "
+        'if [ -r "$dev/vendor" ] && [ "$(cat "$dev/vendor")" = 0x10de ]; then '
+        'echo "${dev##*/} $(cat "$dev/class") $(cat "$dev/device")"; fi; done',
+        marker("nvswitch"),
+        "if [ -d /proc/driver/nvidia-nvswitch/devices ]; then ls /proc/driver/nvidia-nvswitch/devices; fi",
+    ]
+)
+
+FABRIC_MANAGER_SCRIPT = "; ".join(
+    [
+        marker("fm_packages"),
+        dpkg_query("nvidia-fabricmanager*", "libnvidia-nscq*"),
+        marker("fm_unit"),
+        "if command -v systemctl >/dev/null 2>&1; then "
+        "echo active=$(systemctl is-active nvidia-fabricmanager.service 2>/dev/null); "
+        "echo enabled=$(systemctl is-enabled nvidia-fabricmanager.service 2>/dev/null); fi",
+    ]
+)
+
+DRIVER_PACKAGE_PATTERNS = (
+    "nvidia-*",
+    "libnvidia-*",
+    "linux-modules-nvidia-*",
+    "linux-objects-nvidia-*",
+    "linux-signatures-nvidia-*",
+    "linux-headers-*",
+    "firmware-nvidia-*",
+)
+
+
+def parse_driver(sections: dict[str, list[str]]) -> dict[str, Any]:
+    module = next((line.strip() for line in sections.get("module", []) if line.strip()), None)
+    proc = parse_proc_version("\n".join(sections.get("proc", [])))
+    libraries = [version_from_library(line) for line in sections.get("library", [])]
+    userspace = next((version for version in libraries if version), None)
+    smi = [line.strip() for line in sections.get("smi", []) if line.startswith("rc=")]
+    kernel_version = module or (proc[0] if proc else None)
+    return {
+        "loaded": module is not None or proc is not None,
+        "kernel_module_version": kernel_version,
+        "module_flavor": proc[1] if proc else None,
+        "userspace_version": userspace,
+        "mismatch": bool(kernel_version and userspace and kernel_version != userspace),
+        "nvidia_smi_ok": smi == ["rc=0"],
+    }
+
+
+def parse_pci(sections: dict[str, list[str]]) -> dict[str, Any]:
+    gpus, switches = [], []
+    for line in sections.get("pci", []):
+        parts = line.split()
+        if len(parts) != 3:
+            continue
+        address, pci_class, device = parts
+        entry = {"address": address, "class": pci_class, "device": device}
+        if pci_class.startswith(("0x0300", "0x0302")):
+            gpus.append(entry)
+        elif pci_class.startswith("0x0680"):
+            switches.append(entry)
+    nvswitch_devices = [line.strip() for line in sections.get("nvswitch", []) if line.strip()]
+    return {"gpus": gpus, "nvswitches": switches, "nvswitch": bool(switches or nvswitch_devices)}
+
+
+def parse_fabric_manager(sections: dict[str, list[str]]) -> dict[str, Any]:
+    packages = parse_dpkg_status(sections.get("fm_packages", []))
+    unit = dict(line.partition("=")[::2] for line in sections.get("fm_unit", []) if "=" in line)
+    versions = [info["version"] for name, info in packages.items() if name.startswith("nvidia-fabricmanager")]
+    return {
+        "packages": {name: info["version"] for name, info in sorted(packages.items())},
+        "held": sorted(name for name, info in packages.items() if info["held"]),
+        "version": str(versions[0]) if versions else None,
+        "active": unit.get("active") or None,
+        "enabled": unit.get("enabled") or None,
+    }
+
+
+def _no_driver() -> dict[str, Any]:
+    return parse_driver({})
+
+
+class NvidiaDriver(FactBase[dict[str, Any]]):
+    """
+    Returns the NVIDIA driver state without NVML: the loaded kernel module's version
+    (``/sys/module/nvidia/version``, else ``/proc/driver/nvidia/version``, either layout), its
+    flavour, the userspace version (the ``libnvidia-ml.so.1`` the loader resolves), whether
+    the two differ, and whether ``nvidia-smi`` works.
+
+    .. code:: python
+
+        {
+            "loaded": True,
+            "kernel_module_version": "580.95.05",
+            "module_flavor": "open",
+            "userspace_version": "580.95.05",
+            "mismatch": False,
+            "nvidia_smi_ok": True,
+        }
+    """
+
+    @override
+    def command(self) -> str:
+        return DRIVER_SCRIPT
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return _no_driver()
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_driver(split_sections(output))
+
+
+class NvidiaGpus(FactBase[dict[str, Any]]):
+    """
+    Returns the NVIDIA PCI devices (vendor ``0x10de``; no driver needed): GPUs (class
+    ``0x0300``/``0x0302``), NVSwitch bridges (class ``0x0680``), and whether this is an
+    NVSwitch system (such bridges, or a non-empty ``/proc/driver/nvidia-nvswitch/devices``).
+
+    .. code:: python
+
+        {
+            "gpus": [{"address": "0000:07:00.0", "class": "0x030200", "device": "0x20b0"}],
+            "nvswitches": [],
+            "nvswitch": False,
+        }
+    """
+
+    @override
+    def command(self) -> str:
+        return PCI_SCRIPT
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return parse_pci({})
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_pci(split_sections(output))
+
+
+NVML_SNIPPET = """
+import json
+try:
+    import pynvml
+except Exception:
+    raise SystemExit(0)
+def text(value):
+    return value.decode() if isinstance(value, bytes) else value
+out = {"driver_version": None, "nvml_version": None, "cuda_driver_version": None, "devices": [], "error": None}
+try:
+    out["nvml_version"] = text(pynvml.nvmlSystemGetNVMLVersion())
+except Exception:
+    pass
+try:
+    pynvml.nvmlInit()
+except pynvml.NVMLError as exc:
+    out["error"] = type(exc).__name__.replace("NVMLError_", "")
+    print(json.dumps(out))
+    raise SystemExit(0)
+try:
+    out["driver_version"] = text(pynvml.nvmlSystemGetDriverVersion())
+    cuda = pynvml.nvmlSystemGetCudaDriverVersion()
+    out["cuda_driver_version"] = "%d.%d" % (cuda // 1000, cuda % 1000 // 10)
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        out["devices"].append({"index": index, "name": text(pynvml.nvmlDeviceGetName(handle)),
+                               "uuid": text(pynvml.nvmlDeviceGetUUID(handle)), "memory_total": memory.total})
+except pynvml.NVMLError as exc:
+    out["error"] = type(exc).__name__.replace("NVMLError_", "")
+finally:
+    try:
+        pynvml.nvmlShutdown()
+    except Exception:
+        pass
+print(json.dumps(out))
+"""
+
+
+class NvmlInfo(FactBase[Any]):
+    """
+    Returns what NVML reports through pynvml (``nvidia-ml-py``) when ``python3`` on the node
+    can import it: driver, NVML and CUDA driver versions and the devices, or the NVML error
+    name (e.g. ``LibRmVersionMismatch``, ``DriverNotLoaded``). None without pynvml.
+
+    .. code:: python
+
+        {
+            "driver_version": "550.163.01",
+            "nvml_version": "12.550.163.01",
+            "cuda_driver_version": "12.4",
+            "devices": [{"index": 0, "name": "NVIDIA H100 80GB HBM3",
+                         "uuid": "GPU-bc5610b9-...", "memory_total": 85520809984}],
+            "error": None,
+        }
+    """
+
+    @override
+    def command(self) -> str:
+        return f"if command -v python3 >/dev/null 2>&1; then python3 -c {shlex.quote(NVML_SNIPPET)}; fi"
+
+    @staticmethod
+    def default() -> None:
+        return None
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        text = "\n".join(output).strip()
+        if not text:
+            return None
+        try:
+            value = json.loads(text.splitlines()[-1])
+        except json.JSONDecodeError as exc:
+            raise FactProcessError(f"NVML query printed no JSON: {exc}") from exc
+        return value if isinstance(value, dict) else None
+
+
+class NvidiaFabricManager(FactBase[dict[str, Any]]):
+    """
+    Returns the Fabric Manager packages installed (``nvidia-fabricmanager*``, ``libnvidia-nscq*``)
+    with their versions and holds, and the state of ``nvidia-fabricmanager.service``.
+
+    .. code:: python
+
+        {
+            "packages": {"nvidia-fabricmanager-580": "580.126.20-0ubuntu0.24.04.1"},
+            "held": ["nvidia-fabricmanager-580"],
+            "version": "580.126.20-0ubuntu0.24.04.1",
+            "active": "active",
+            "enabled": "enabled",
+        }
+    """
+
+    @override
+    def command(self) -> str:
+        return FABRIC_MANAGER_SCRIPT
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return parse_fabric_manager({})
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_fabric_manager(split_sections(output))
+
+
+class NvidiaHostState(FactBase[dict[str, Any]]):
+    """
+    Returns everything the driver and Fabric Manager operations decide on, in one read:
+    distribution (``os-release`` ID and VERSION_ID), architecture, running kernel, Secure
+    Boot, the PCI devices (as ``NvidiaGpus``), the driver (as ``NvidiaDriver``), Fabric
+    Manager (as ``NvidiaFabricManager``) and the installed driver-related packages.
+
+    .. code:: python
+
+        {
+            "distro": "debian", "release": "13", "arch": "amd64",
+            "kernel": "6.12.117+deb13-amd64", "secure_boot": False,
+            "pci": {"gpus": [], "nvswitches": [], "nvswitch": False},
+            "driver": {"loaded": False, "kernel_module_version": None, "module_flavor": None,
+                       "userspace_version": None, "mismatch": False, "nvidia_smi_ok": False},
+            "fabric_manager": {"packages": {}, "held": [], "version": None,
+                               "active": None, "enabled": None},
+            "packages": {"nvidia-driver": {"version": "550.163.01-2", "held": True}},
+        }
+    """
+
+    @override
+    def command(self) -> str:
+        from pyinfra_gpunode.facts.kernel import SECURE_BOOT_SCRIPT
+
+        return "; ".join(
+            [
+                marker("os"),
+                'if [ -r /etc/os-release ]; then . /etc/os-release; echo "$ID"; echo "$VERSION_ID"; fi',
+                marker("arch"),
+                "dpkg --print-architecture 2>/dev/null || uname -m",
+                marker("kernel"),
+                "uname -r",
+                SECURE_BOOT_SCRIPT,
+                PCI_SCRIPT,
+                DRIVER_SCRIPT,
+                FABRIC_MANAGER_SCRIPT,
+                marker("packages"),
+                dpkg_query(*DRIVER_PACKAGE_PATTERNS),
+            ]
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        from pyinfra_gpunode.facts.kernel import parse_secure_boot
+
+        sections = split_sections(output)
+        os_lines = [line.strip() for line in sections.get("os", [])] + ["", ""]
+        arch = [line.strip() for line in sections.get("arch", []) if line.strip()]
+        kernel = [line.strip() for line in sections.get("kernel", []) if line.strip()]
+        return {
+            "distro": os_lines[0] or None,
+            "release": os_lines[1] or None,
+            "arch": arch[0] if arch else None,
+            "kernel": kernel[0] if kernel else None,
+            "secure_boot": parse_secure_boot(sections.get("secureboot", [])),
+            "pci": parse_pci(sections),
+            "driver": parse_driver(sections),
+            "fabric_manager": parse_fabric_manager(sections),
+            "packages": dict(sorted(parse_dpkg_status(sections.get("packages", [])).items())),
+        }
+
+
+class NvidiaAptVersions(FactBase[dict[str, list[str]]]):
+    """
+    Returns the versions the package index offers for each package, newest first
+    (``apt-cache madison``); packages the index does not know are absent.
+
+    .. code:: python
+
+        {"nvidia-driver": ["550.163.01-2"], "nvidia-kernel-dkms": ["550.163.01-2"]}
+    """
+
+    @override
+    def command(self, packages: list[str]) -> str:
+        names = " ".join(shlex.quote(name) for name in packages)
+        return f"apt-cache madison {names} 2>/dev/null || true"
+
+    @staticmethod
+    def default() -> dict[str, list[str]]:
+        return {}
+
+    @override
+    def process(self, output: list[str]) -> dict[str, list[str]]:
+        versions: dict[str, list[str]] = {}
+        for line in output:
+            parts = [part.strip() for part in line.split("|")]
+            if len(parts) < 3 or not parts[0] or not parts[1]:
+                continue
+            if not parts[2].endswith(("Packages", "Sources")) or parts[2].endswith("Sources"):
+                continue
+            found = versions.setdefault(parts[0], [])
+            if parts[1] not in found:
+                found.append(parts[1])
+        return versions
+
+
+TOOLKIT_PACKAGES = (
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+)
+TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
+
+
+class NvidiaContainerToolkit(FactBase[dict[str, Any]]):
+    """
+    Returns the NVIDIA Container Toolkit state: ``nvidia-ctk --version``, its four packages
+    with versions and holds, where ``nvidia-container-runtime`` is, the fingerprints of the
+    repository keyring (needs ``gpg``) and the repository list file's content.
+
+    .. code:: python
+
+        {
+            "ctk_version": "1.17.0",
+            "packages": {"nvidia-container-toolkit": "1.17.0-1"},
+            "held": ["nvidia-container-toolkit"],
+            "runtime_binary": "/usr/bin/nvidia-container-runtime",
+            "keyring_fingerprints": ["C95B321B61E88C1809C4F759DDCAE044F796ECB0"],
+            "repo_list": None,
+        }
+    """
+
+    @override
+    def command(self) -> str:
+        return "; ".join(
+            [
+                marker("ctk"),
+                "if command -v nvidia-ctk >/dev/null 2>&1; then nvidia-ctk --version 2>/dev/null | head -n 1; fi",
+                marker("packages"),
+                dpkg_query(*TOOLKIT_PACKAGES),
+                marker("runtime"),
+                "command -v nvidia-container-runtime || true",
+                marker("keyring"),
+                f"if [ -f {TOOLKIT_KEYRING} ] && command -v gpg >/dev/null 2>&1; then "
+                f"gpg --show-keys --with-colons {TOOLKIT_KEYRING} 2>/dev/null "
+                "| awk -F: '$1 == \"fpr\" {print $10}'; fi",
+                f"if [ -f {TOOLKIT_LIST} ]; then {marker('list')}; cat {TOOLKIT_LIST}; fi",
+            ]
+        )
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return NvidiaContainerToolkit().process([])
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        sections = split_sections(output)
+        ctk = [line.split()[-1] for line in sections.get("ctk", []) if "version" in line and line.split()]
+        packages = parse_dpkg_status(sections.get("packages", []))
+        runtime = [line.strip() for line in sections.get("runtime", []) if line.strip().startswith("/")]
+        listing = sections.get("list")
+        return {
+            "ctk_version": ctk[0] if ctk else None,
+            "packages": {name: info["version"] for name, info in sorted(packages.items())},
+            "held": sorted(name for name, info in packages.items() if info["held"]),
+            "runtime_binary": runtime[0] if runtime else None,
+            "keyring_fingerprints": [line.strip() for line in sections.get("keyring", []) if line.strip()],
+            "repo_list": None if listing is None else "\n".join(listing) + "\n",
+        }

@@ -1,0 +1,280 @@
+"""Which NVIDIA driver packages to install and hold, per distribution and branch (no I/O).
+
+Two steps, so that a converged host needs no package-index query:
+
+1. :func:`wanted_names` lists the package names the plan may use (for ``apt-cache madison``).
+2. :func:`plan_driver` picks the packages and their exact versions from what is installed
+   and what the package index offers, or returns a reason the host cannot get the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .driver_versions import branch_of, is_branch, is_driver_version, upstream_version, version_key
+
+# Ubuntu (Canonical's restricted archive): branches with real packages, and branches whose
+# packages became transitional dummies that pull in a newer branch.
+UBUNTU_BRANCHES = ("535", "580", "595")
+UBUNTU_TRANSITIONAL = {"550": "570", "570": "580"}
+UBUNTU_RELEASES = ("22.04", "24.04")
+
+# Debian non-free: the branch each package family carries per release.
+DEBIAN_FAMILIES: dict[str, dict[str, str]] = {
+    "12": {"535": "current"},
+    "13": {"550": "current", "535": "tesla-535"},
+}
+
+FLAVORS = ("default", "server", "open", "server-open")
+
+
+class DriverRequestError(ValueError):
+    """The requested driver is invalid whatever the host; the message names the argument."""
+
+
+@dataclass(frozen=True)
+class DriverRequest:
+    branch: str | None = None
+    version: str | None = None
+    flavor: str = "server"
+    allow_dkms: bool = False
+    mok_enrolled: bool = False
+
+    @property
+    def open(self) -> bool:
+        return self.flavor in ("open", "server-open")
+
+    @property
+    def server(self) -> bool:
+        return self.flavor in ("server", "server-open")
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    distro: str  # os-release ID
+    release: str  # os-release VERSION_ID
+    kernel: str  # the kernel the module must load on
+    arch: str = "amd64"
+    secure_boot: bool = False
+
+
+@dataclass
+class DriverPlan:
+    version: str = ""  # the driver version the plan installs
+    method: str = ""  # "precompiled" or "dkms"
+    packages: dict[str, str] = field(default_factory=dict)  # name -> exact package version
+    error: str = ""
+
+    @property
+    def hold(self) -> list[str]:
+        return sorted(self.packages)
+
+
+def check_request(request: DriverRequest) -> DriverRequest:
+    """Validate what can be validated without the host; return the request with the branch set."""
+    if request.flavor not in FLAVORS:
+        raise DriverRequestError(f"flavor must be one of {', '.join(FLAVORS)}, got {request.flavor!r}")
+    if request.version is not None and not is_driver_version(request.version):
+        raise DriverRequestError(f"version must be a full driver version like 580.126.20, got {request.version!r}")
+    if request.branch is None and request.version is None:
+        raise DriverRequestError("give a driver branch (e.g. '580') or an exact version")
+    branch = request.branch
+    if branch is not None and not is_branch(branch):
+        raise DriverRequestError(f"branch must be three digits like '580', got {branch!r}")
+    if request.version is not None:
+        version_branch = branch_of(request.version)
+        if branch is not None and branch != version_branch:
+            raise DriverRequestError(
+                f"version {request.version!r} is not on branch {branch!r} (it is on {version_branch!r})"
+            )
+        branch = version_branch
+    known = set(UBUNTU_BRANCHES) | set(UBUNTU_TRANSITIONAL)
+    for releases in DEBIAN_FAMILIES.values():
+        known |= set(releases)
+    if branch not in known:
+        raise DriverRequestError(f"unknown driver branch {branch!r} (known: {', '.join(sorted(known))})")
+    return DriverRequest(branch, request.version, request.flavor, request.allow_dkms, request.mok_enrolled)
+
+
+def ubuntu_flavor(request: DriverRequest) -> str:
+    """Canonical's package suffix: ``580``, ``580-server``, ``580-open``, ``580-server-open``."""
+    suffix = "-server" if request.server else ""
+    suffix += "-open" if request.open else ""
+    return f"{request.branch}{suffix}"
+
+
+def _debian_family(host: HostInfo, request: DriverRequest) -> tuple[str, str]:
+    """(family, error) for Debian: family is ``current`` or ``tesla-535``."""
+    families = DEBIAN_FAMILIES.get(host.release.split(".", 1)[0])
+    if families is None:
+        return "", f"Debian {host.release} is not supported (supported: {', '.join(DEBIAN_FAMILIES)})"
+    family = families.get(request.branch or "")
+    if family is None:
+        return "", (
+            f"driver branch {request.branch} is not in Debian {host.release} "
+            f"(it carries: {', '.join(sorted(families))})"
+        )
+    if request.open and family != "current":
+        return "", f"Debian has no open kernel module package for branch {request.branch}"
+    return family, ""
+
+
+def _debian_names(family: str, request: DriverRequest) -> tuple[list[str], list[str]]:
+    """(userspace packages, DKMS module packages) for a Debian family."""
+    if family == "current":
+        module = "nvidia-open-kernel-dkms" if request.open else "nvidia-kernel-dkms"
+        return ["nvidia-driver", "firmware-nvidia-gsp"], [module]
+    return [f"nvidia-{family}-driver"], [f"nvidia-{family}-kernel-dkms"]
+
+
+def _ubuntu_names(host: HostInfo, request: DriverRequest) -> tuple[list[str], list[str], list[str]]:
+    """(userspace, precompiled module packages, DKMS packages) on Ubuntu."""
+    flavor = ubuntu_flavor(request)
+    userspace = [f"nvidia-headless-no-dkms-{flavor}", f"nvidia-utils-{flavor}"]
+    precompiled = [f"linux-modules-nvidia-{flavor}-{host.kernel}"]
+    if not request.open:
+        precompiled.insert(0, f"linux-objects-nvidia-{flavor}-{host.kernel}")
+        if host.arch == "amd64":
+            precompiled.append(f"linux-signatures-nvidia-{host.kernel}")
+    dkms = [f"nvidia-dkms-{flavor}", f"linux-headers-{host.kernel}"]
+    return userspace, precompiled, dkms
+
+
+def host_error(host: HostInfo, request: DriverRequest) -> str:
+    """Why this host can never get the requested driver, or ``""``."""
+    if host.distro == "ubuntu":
+        if host.release not in UBUNTU_RELEASES:
+            return f"Ubuntu {host.release} is not supported (supported: {', '.join(UBUNTU_RELEASES)})"
+        if request.branch in UBUNTU_TRANSITIONAL:
+            return (
+                f"driver branch {request.branch} is retired on Ubuntu: its packages are transitional and "
+                f"pull in branch {UBUNTU_TRANSITIONAL[request.branch]} (choose one of "
+                f"{', '.join(UBUNTU_BRANCHES)})"
+            )
+        if request.branch not in UBUNTU_BRANCHES:
+            return f"driver branch {request.branch} is not in Ubuntu (it carries: {', '.join(UBUNTU_BRANCHES)})"
+        return ""
+    if host.distro == "debian":
+        return _debian_family(host, request)[1]
+    return f"distribution {host.distro} {host.release} is not supported (supported: debian, ubuntu)"
+
+
+def wanted_names(host: HostInfo, request: DriverRequest) -> list[str]:
+    """Every package name the plan may use on this host (to query the package index)."""
+    if host_error(host, request):
+        return []
+    if host.distro == "ubuntu":
+        userspace, precompiled, dkms = _ubuntu_names(host, request)
+        return userspace + precompiled + dkms[:1]
+    family, _ = _debian_family(host, request)
+    userspace, dkms = _debian_names(family, request)
+    return userspace + dkms
+
+
+def _best(versions: Sequence[str], upstream: str) -> str | None:
+    """The newest package version whose upstream part is ``upstream``."""
+    matching = [v for v in versions if upstream_version(v) == upstream]
+    return matching[0] if matching else None  # madison lists newest first
+
+
+def _newest_upstream(versions: Sequence[str], branch: str) -> str | None:
+    candidates = [
+        upstream_version(v)
+        for v in versions
+        if is_driver_version(upstream_version(v)) and branch_of(upstream_version(v)) == branch
+    ]
+    return max(candidates, key=version_key) if candidates else None
+
+
+def _secure_boot_gate(host: HostInfo, request: DriverRequest, reason: str) -> str:
+    """Error when the DKMS path may not be taken, else ``""``."""
+    if not request.allow_dkms:
+        return f"{reason}, and DKMS is not allowed (allow_dkms is false)"
+    if host.secure_boot and not request.mok_enrolled:
+        return (
+            f"{reason}; Secure Boot is on, so a DKMS-built module would be rejected unless its "
+            "signing key is enrolled (declare it with mok_enrolled)"
+        )
+    return ""
+
+
+def plan_driver(
+    host: HostInfo,
+    request: DriverRequest,
+    installed: Mapping[str, str],
+    available: Mapping[str, Sequence[str]] | None,
+) -> DriverPlan:
+    """Choose packages and exact versions.
+
+    ``installed`` maps installed package names to versions; ``available`` maps names to the
+    versions the package index offers, newest first (``None``: not queried; then only an
+    installed, complete plan can be returned, else ``error == "query"``).
+    """
+    error = host_error(host, request)
+    if error:
+        return DriverPlan(error=error)
+
+    if host.distro == "ubuntu":
+        userspace, precompiled, dkms = _ubuntu_names(host, request)
+    else:
+        family, _ = _debian_family(host, request)
+        userspace, dkms = _debian_names(family, request)
+        precompiled = []
+    lead = userspace[0]
+
+    version = request.version
+    if version is None and lead in installed:
+        version = upstream_version(installed[lead])
+        if not is_driver_version(version) or branch_of(version) != request.branch:
+            version = None
+    if available is None:
+        # Converged only when everything is installed at the wanted driver version.
+        if version is None:
+            return DriverPlan(error="query")
+        for modules, method in ((precompiled, "precompiled"), (dkms, "dkms")):
+            if not modules or not all(name in installed for name in modules):
+                continue
+            if method == "dkms" and _secure_boot_gate(host, request, "x"):
+                continue
+            names = userspace + modules
+            if all(name in installed for name in names) and all(
+                upstream_version(installed[name]) == version for name in names if not name.startswith("linux-")
+            ):
+                return DriverPlan(version, method, {name: installed[name] for name in names})
+        return DriverPlan(error="query")
+
+    if version is None:
+        version = _newest_upstream(available.get(lead, ()), request.branch or "")
+        if version is None:
+            return DriverPlan(error=f"the package index offers no {lead} on branch {request.branch}")
+    packages: dict[str, str] = {}
+    for name in userspace:
+        found = _best(available.get(name, ()), version)
+        if found is None:
+            return DriverPlan(error=f"the package index offers no {name} at driver version {version}")
+        packages[name] = found
+
+    if precompiled and all(available.get(name) for name in precompiled):
+        for name in precompiled:
+            packages[name] = installed.get(name) or available[name][0]
+        return DriverPlan(version, "precompiled", packages)
+
+    lrm = next((name for name in precompiled if name.startswith("linux-modules-")), "")
+    reason = (
+        f"no signed precompiled modules ({lrm}) exist for kernel {host.kernel}"
+        if lrm
+        else f"Debian builds the NVIDIA module for kernel {host.kernel} with DKMS"
+    )
+    error = _secure_boot_gate(host, request, reason)
+    if error:
+        return DriverPlan(error=error)
+    for name in dkms:
+        if name.startswith("linux-headers-"):
+            packages[name] = installed.get(name) or ""
+            continue
+        found = _best(available.get(name, ()), version)
+        if found is None:
+            return DriverPlan(error=f"the package index offers no {name} at driver version {version}")
+        packages[name] = found
+    return DriverPlan(version, "dkms", packages)

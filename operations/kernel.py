@@ -1,0 +1,101 @@
+"""Keep the node on its kernel (package holds) and keep nouveau away from NVIDIA GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
+
+from pyinfra_gpunode.facts.kernel import KernelState, NouveauBlacklist
+from pyinfra_gpunode.kernel_plan import kernel_packages
+from pyinfra_gpunode.operations._atomic import fail as _fail
+from pyinfra_gpunode.operations._atomic import write_file
+
+NOUVEAU_CONF = "/etc/modprobe.d/gpunode-blacklist-nouveau.conf"
+NOUVEAU_TEXT = (
+    "# Managed by pyinfra-gpunode: the NVIDIA driver owns the GPUs on this node.\n"
+    "blacklist nouveau\n"
+    "options nouveau modeset=0\n"
+)
+REBOOT_REQUIRED = (
+    "touch /var/run/reboot-required && "
+    "(grep -qx gpunode-nouveau /var/run/reboot-required.pkgs 2>/dev/null || "
+    "echo gpunode-nouveau >> /var/run/reboot-required.pkgs)"
+)
+
+
+@operation()
+def held(release: str | None = None, present: bool = True) -> Generator[Any, Any, None]:
+    """
+    Hold the kernel's packages so no newer kernel is installed behind the driver's back.
+
+    + release: kernel release to hold, as ``uname -r`` prints it; default the running kernel
+    + present: ``False`` removes exactly these holds again, for a planned kernel upgrade
+
+    Holds the release's image, modules, headers and NVIDIA module packages, and the meta
+    packages that would pull a newer kernel (``linux-image-amd64``, ``linux-generic``,
+    ``linux-modules-nvidia-<flavour>-generic``…).
+
+    **Example:**
+
+    .. code:: python
+
+        kernel.held(name="Hold the running kernel")
+        kernel.held(name="Release the kernel for the upgrade window", present=False)
+    """
+    if release is not None and (not release or "/" in release or release.startswith("-")):
+        raise OperationValueError(f"release must be a kernel release like 6.12.117+deb13-amd64, got {release!r}")
+
+    state = host.get_fact(KernelState)
+    target = release or state["running"]
+    packages = kernel_packages(target or "", state["packages"])
+    held_now = set(state["held"])
+    if present:
+        if not packages:
+            yield _fail(f"no installed packages belong to kernel {target}; nothing to hold")
+            return
+        missing = [name for name in packages if name not in held_now]
+        if not missing:
+            host.noop(f"kernel {target} is held")
+            return
+        yield StringCommand("apt-mark", "hold", *[QuoteString(name) for name in missing])
+    else:
+        to_release = [name for name in packages if name in held_now]
+        if not to_release:
+            host.noop(f"kernel {target} is not held")
+            return
+        yield StringCommand("apt-mark", "unhold", *[QuoteString(name) for name in to_release])
+
+
+@operation()
+def nouveau_blacklisted(path: str = NOUVEAU_CONF) -> Generator[Any, Any, None]:
+    """
+    Blacklist the nouveau driver; regenerate the initramfs only when the blacklist changed.
+
+    + path: modprobe.d file that carries the blacklist
+
+    When nouveau is still loaded, a reboot is needed: the operation reports it in
+    ``/var/run/reboot-required`` (as Debian and Ubuntu packages do) and in its noop message.
+
+    **Example:**
+
+    .. code:: python
+
+        kernel.nouveau_blacklisted(name="Keep nouveau off the GPUs")
+    """
+    if not path.startswith("/etc/modprobe.d/") or not path.endswith(".conf"):
+        raise OperationValueError(f"path must be a .conf file in /etc/modprobe.d/, got {path!r}")
+
+    state = host.get_fact(NouveauBlacklist, path=path)
+    if state["content"] == NOUVEAU_TEXT:
+        if state["loaded"]:
+            host.noop("nouveau is blacklisted; it is still loaded until the node reboots (reboot required)")
+        else:
+            host.noop("nouveau is blacklisted")
+        return
+    yield from write_file(path, NOUVEAU_TEXT)
+    yield StringCommand("update-initramfs", "-u", "-k", "all")
+    if state["loaded"]:
+        yield StringCommand(REBOOT_REQUIRED)

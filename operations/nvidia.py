@@ -1,0 +1,302 @@
+"""Install and hold the NVIDIA driver, Fabric Manager and the NVIDIA Container Toolkit."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Generator
+from typing import Any
+
+from pyinfra import host, state
+from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
+from pyinfra.operations import server
+
+from pyinfra_gpunode.driver_plan import (
+    DriverPlan,
+    DriverRequest,
+    DriverRequestError,
+    HostInfo,
+    check_request,
+    plan_driver,
+    wanted_names,
+)
+from pyinfra_gpunode.driver_versions import same_driver, upstream_version
+from pyinfra_gpunode.facts.nvidia import (
+    TOOLKIT_KEYRING,
+    TOOLKIT_LIST,
+    TOOLKIT_PACKAGES,
+    NvidiaAptVersions,
+    NvidiaContainerToolkit,
+    NvidiaDriver,
+    NvidiaHostState,
+)
+from pyinfra_gpunode.operations._atomic import fail as _fail
+from pyinfra_gpunode.operations._atomic import write_file
+
+TOOLKIT_FINGERPRINT = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
+TOOLKIT_KEY_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
+TOOLKIT_REPO_LINE = (
+    f"deb [signed-by={TOOLKIT_KEYRING}] https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /\n"
+)
+_TOOLKIT_VERSION = re.compile(r"^\d+\.\d+\.\d+(?:-\d+)?$")
+
+
+def _install(packages: dict[str, str]) -> StringCommand:
+    pins = [QuoteString(f"{name}={version}" if version else name) for name, version in sorted(packages.items())]
+    return StringCommand(
+        "env",
+        "DEBIAN_FRONTEND=noninteractive",
+        "NEEDRESTART_SUSPEND=1",
+        "apt-get",
+        "install",
+        "-y",
+        "--no-install-recommends",
+        "--allow-change-held-packages",
+        *pins,
+    )
+
+
+def _hold(names: list[str]) -> StringCommand:
+    return StringCommand("apt-mark", "hold", *[QuoteString(name) for name in sorted(names)])
+
+
+def _host_info(facts: dict[str, Any]) -> HostInfo:
+    return HostInfo(
+        distro=facts["distro"] or "",
+        release=facts["release"] or "",
+        kernel=facts["kernel"] or "",
+        arch=facts["arch"] or "amd64",
+        secure_boot=bool(facts["secure_boot"]),
+    )
+
+
+@operation()
+def driver(
+    branch: str | None = None,
+    version: str | None = None,
+    flavor: str = "server",
+    allow_dkms: bool = False,
+    mok_enrolled: bool = False,
+    reboot: bool = False,
+) -> Generator[Any, Any, None]:
+    """
+    Install the NVIDIA driver pinned to an exact version, and hold it.
+
+    + branch: driver branch (``580``); with only a branch the newest version of it is taken
+      once and then kept
+    + version: exact driver version (``580.126.20``); implies the branch
+    + flavor: Ubuntu package flavour: ``server`` (default), ``server-open``, ``default`` or
+      ``open``; on Debian ``open``/``server-open`` choose ``nvidia-open-kernel-dkms``
+    + allow_dkms: allow building the module with DKMS (Debian always does; Ubuntu only when
+      Canonical ships no signed precompiled modules for the kernel)
+    + mok_enrolled: the DKMS signing key is enrolled in the node's MOK list, so a DKMS build
+      may be used while Secure Boot is on
+    + reboot: reboot when the installed driver differs from the loaded module, wait for the
+      node, and check the loaded module again
+
+    Ubuntu: ``nvidia-headless-no-dkms-<flavour>`` and ``nvidia-utils-<flavour>`` with
+    Canonical's signed ``linux-modules-nvidia-<flavour>-<kernel>`` when they exist for the
+    running kernel, else ``nvidia-dkms-<flavour>``. Retired branches whose packages are
+    transitional are refused. Debian 12/13: ``nvidia-driver`` with ``nvidia-kernel-dkms`` or
+    ``nvidia-open-kernel-dkms`` (``nvidia-tesla-535-*`` for branch 535 on Debian 13). A node
+    without an NVIDIA GPU is skipped.
+
+    **Example:**
+
+    .. code:: python
+
+        nvidia.driver(name="NVIDIA driver 580", version="580.126.20", flavor="server-open")
+    """
+    try:
+        request = check_request(DriverRequest(branch, version, flavor, allow_dkms, mok_enrolled))
+    except DriverRequestError as exc:
+        raise OperationValueError(str(exc)) from exc
+
+    facts = host.get_fact(NvidiaHostState)
+    if not facts["pci"]["gpus"]:
+        host.noop("no NVIDIA GPU on this node; driver skipped")
+        return
+    info = _host_info(facts)
+    installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
+    held = {name for name, pkg in facts["packages"].items() if pkg["held"]}
+    plan = plan_driver(info, request, installed, None)
+    if plan.error == "query":
+        available = host.get_fact(NvidiaAptVersions, packages=wanted_names(info, request))
+        plan = plan_driver(info, request, installed, available)
+    if plan.error:
+        yield _fail(f"NVIDIA driver {request.version or request.branch}: {plan.error}")
+        return
+
+    to_install = {n: v for n, v in plan.packages.items() if n not in installed or (v and installed[n] != v)}
+    to_hold = [name for name in plan.hold if name not in held]
+    if to_install:
+        yield _install(to_install)
+    if to_install or to_hold:
+        yield _hold(plan.hold)
+
+    loaded = facts["driver"]["kernel_module_version"]
+    needs_reboot = not same_driver(loaded, plan.version)
+    if needs_reboot and reboot:
+        yield from server.reboot._inner(delay=10, reboot_timeout=600)
+        yield from _check_loaded(plan)
+        return
+    if not to_install and not to_hold:
+        if needs_reboot:
+            host.noop(
+                f"NVIDIA driver {plan.version} is installed and held ({plan.method}); loaded module is "
+                f"{loaded or 'none'}: reboot required"
+            )
+        else:
+            host.noop(f"NVIDIA driver {plan.version} is installed, held and loaded ({plan.method})")
+
+
+def _check_loaded(plan: DriverPlan) -> Generator[Any, Any, None]:
+    """After a reboot: fail the host unless the planned driver version is loaded."""
+    if not state.is_executing:
+        return
+    now = host.get_fact(NvidiaDriver)
+    if not same_driver(now["kernel_module_version"], plan.version):
+        yield _fail(
+            f"after reboot the loaded NVIDIA module is {now['kernel_module_version'] or 'none'}, not {plan.version}"
+        )
+
+
+@operation()
+def fabric_manager(version: str | None = None) -> Generator[Any, Any, None]:
+    """
+    Install Fabric Manager at exactly the loaded driver's version, held, on NVSwitch systems only.
+
+    + version: driver version Fabric Manager must match; default the loaded module's version
+
+    Ubuntu: ``nvidia-fabricmanager-<branch>``; Debian does not package Fabric Manager, so an
+    NVSwitch system on Debian fails with a message. PCIe-only systems are skipped (Fabric
+    Manager refuses to start there).
+
+    **Example:**
+
+    .. code:: python
+
+        nvidia.fabric_manager(name="Fabric Manager on NVSwitch systems")
+    """
+    if version is not None and not re.match(r"^\d+\.\d+(\.\d+)?$", version):
+        raise OperationValueError(f"version must be a driver version like 580.126.20, got {version!r}")
+    facts = host.get_fact(NvidiaHostState)
+    if not facts["pci"]["nvswitch"]:
+        host.noop("no NVSwitch on this node; Fabric Manager not needed")
+        return
+    target = version or facts["driver"]["kernel_module_version"]
+    if not target:
+        yield _fail("Fabric Manager: no NVIDIA driver is loaded and no version was given")
+        return
+    fm = facts["fabric_manager"]
+    if facts["distro"] != "ubuntu":
+        yield _fail(f"Fabric Manager: no package for distribution {facts['distro']} (supported: ubuntu)")
+        return
+    name = f"nvidia-fabricmanager-{target.split('.', 1)[0]}"
+    current = fm["packages"].get(name)
+    if current and upstream_version(current) == target and name in fm["held"] and fm["enabled"] == "enabled":
+        host.noop(f"Fabric Manager {target} is installed, held and enabled")
+        return
+    if not current or upstream_version(current) != target:
+        available = host.get_fact(NvidiaAptVersions, packages=[name])
+        match = [v for v in available.get(name, []) if upstream_version(v) == target]
+        if not match:
+            yield _fail(f"Fabric Manager: the package index offers no {name} at version {target}")
+            return
+        yield _install({name: match[0]})
+    yield _hold([name])
+    yield StringCommand("systemctl", "enable", "--now", "nvidia-fabricmanager.service")
+
+
+@operation()
+def container_toolkit(
+    source: str = "repository",
+    version: str | None = None,
+    deb_dir: str | None = None,
+) -> Generator[Any, Any, None]:
+    """
+    Install the NVIDIA Container Toolkit pinned to one version and held, or check it.
+
+    + source: ``repository`` (NVIDIA's apt repository; its key is accepted only with the
+      pinned fingerprint ``C95B321B…F796ECB0``), ``deb_dir`` (``.deb`` files already on the
+      node, for air-gapped sites) or ``installed`` (only check what is there)
+    + version: toolkit package version (``1.17.8-1``), the same for all four packages;
+      required for ``repository``
+    + deb_dir: directory on the node holding the four ``.deb`` files (``source="deb_dir"``)
+
+    **Example:**
+
+    .. code:: python
+
+        nvidia.container_toolkit(name="NVIDIA Container Toolkit", version="1.17.8-1")
+        nvidia.container_toolkit(name="Toolkit from a local mirror", source="deb_dir",
+                                 version="1.17.8-1", deb_dir="/srv/debs/nvidia")
+    """
+    if source not in ("repository", "deb_dir", "installed"):
+        raise OperationValueError(f"source must be repository, deb_dir or installed, got {source!r}")
+    if version is not None and not _TOOLKIT_VERSION.match(version):
+        raise OperationValueError(f"version must be a toolkit package version like 1.17.8-1, got {version!r}")
+    if source == "repository" and version is None:
+        raise OperationValueError("version is required with source='repository' (the toolkit is pinned)")
+    if source == "deb_dir" and (not deb_dir or not deb_dir.startswith("/")):
+        raise OperationValueError(f"deb_dir must be an absolute directory on the node, got {deb_dir!r}")
+    if version is not None and "-" not in version:
+        version = f"{version}-1"
+
+    toolkit = host.get_fact(NvidiaContainerToolkit)
+    packages, held = toolkit["packages"], set(toolkit["held"])
+    complete = all(name in packages for name in TOOLKIT_PACKAGES)
+    versions_ok = complete and (version is None or all(packages[n] == version for n in TOOLKIT_PACKAGES))
+
+    if source == "installed":
+        if not complete:
+            missing = ", ".join(n for n in TOOLKIT_PACKAGES if n not in packages)
+            yield _fail(f"NVIDIA Container Toolkit is not installed (missing: {missing})")
+        elif not versions_ok:
+            yield _fail(f"NVIDIA Container Toolkit is {packages['nvidia-container-toolkit']}, not {version}")
+        elif not toolkit["runtime_binary"]:
+            yield _fail("NVIDIA Container Toolkit is installed but nvidia-container-runtime is not on PATH")
+        else:
+            host.noop(f"NVIDIA Container Toolkit {packages['nvidia-container-toolkit']} is installed")
+        return
+
+    if versions_ok and all(n in held for n in TOOLKIT_PACKAGES) and toolkit["runtime_binary"]:
+        host.noop(f"NVIDIA Container Toolkit {packages['nvidia-container-toolkit']} is installed and held")
+        return
+
+    if not versions_ok:
+        if source == "repository":
+            assert version is not None
+            if TOOLKIT_FINGERPRINT not in toolkit["keyring_fingerprints"]:
+                yield StringCommand(_KEYRING_SCRIPT)
+            if toolkit["repo_list"] != TOOLKIT_REPO_LINE:
+                yield from write_file(TOOLKIT_LIST, TOOLKIT_REPO_LINE)
+            yield StringCommand("apt-get", "update")
+            yield _install({name: version for name in TOOLKIT_PACKAGES})
+        else:
+            assert deb_dir is not None
+            yield _install_debs(deb_dir, version)
+    yield _hold(list(TOOLKIT_PACKAGES))
+
+
+_KEYRING_SCRIPT = (
+    "set -e; tmp=$(mktemp -d); trap 'rm -rf \"$tmp\"' EXIT; "
+    f'curl -fsSL {TOOLKIT_KEY_URL} -o "$tmp/key"; '
+    'fpr=$(gpg --show-keys --with-colons "$tmp/key" | awk -F: \'$1 == "fpr" {print $10; exit}\'); '
+    f'if [ "$fpr" != {TOOLKIT_FINGERPRINT} ]; then '
+    f'echo "toolkit repository key has fingerprint $fpr, expected {TOOLKIT_FINGERPRINT}" >&2; exit 1; fi; '
+    'gpg --dearmor < "$tmp/key" > "$tmp/keyring.gpg"; '
+    f'install -m 644 -o root -g root "$tmp/keyring.gpg" {TOOLKIT_KEYRING}.tmp; '
+    f"mv {TOOLKIT_KEYRING}.tmp {TOOLKIT_KEYRING}"
+)
+
+
+def _install_debs(deb_dir: str, version: str | None) -> StringCommand:
+    """apt-get install of the four packages' .deb files from ``deb_dir`` (one version)."""
+    pattern = version or "*"
+    folder = shlex.quote(deb_dir.rstrip("/") + "/")
+    paths = " ".join(f"{folder}{name}_{pattern}_*.deb" for name in TOOLKIT_PACKAGES)
+    return StringCommand(
+        "env DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 apt-get install -y --no-install-recommends "
+        f"--allow-change-held-packages {paths}"
+    )

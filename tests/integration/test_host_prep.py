@@ -1,0 +1,292 @@
+"""Host preparation run for real through pyinfra against a Debian trixie root, checked with apt and systemd.
+
+The root is debootstrapped once into ``${GPUNODE_CACHE:-/var/cache/pyinfra-gpunode}/roots`` and each
+test works on an overlay copy of it in a temporary directory, reached with pyinfra's ``@chroot``
+connector. Needs root and debootstrap; the Debian archive is the one this machine's apt uses.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.facts import get_facts
+from pyinfra.api.operation import add_op
+from pyinfra.api.operations import run_ops
+
+from pyinfra_gpunode.driver_plan import DriverRequest, HostInfo, check_request, plan_driver, wanted_names
+from pyinfra_gpunode.facts.nvidia import NvidiaAptVersions, NvidiaHostState
+from pyinfra_gpunode.operations import kernel, unattended_upgrades
+
+pytestmark = [
+    pytest.mark.fleet,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chroot, overlay mounts)"),
+    pytest.mark.skipif(shutil.which("debootstrap") is None, reason="needs debootstrap"),
+]
+
+RELEASE = "trixie"
+PACKAGES = "systemd,systemd-sysv,apt,unattended-upgrades,needrestart,linux-image-cloud-amd64,initramfs-tools,kmod"
+NEEDRESTART_EVAL = r"""
+our %nrconf;
+do "/etc/needrestart/needrestart.conf";
+do $_ for sort glob "/etc/needrestart/conf.d/*.conf";
+print "restart=$nrconf{restart}\n";
+for my $unit ("containerd.service", "kubelet.service", "nvidia-persistenced.service", "cron.service") {
+    my $skip = grep { $unit =~ $_ && !$nrconf{override_rc}{$_} } keys %{$nrconf{override_rc}};
+    print "$unit=", ($skip ? "never" : "restart"), "\n";
+}
+"""
+
+logging.getLogger("paramiko").setLevel(logging.WARNING)
+
+
+def debian_mirror() -> str:
+    """The Debian archive URI from this machine's apt sources (deb822 or one-line format)."""
+    candidates: list[str] = []
+    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        candidates += re.findall(r"^URIs:\s*(\S+)", path.read_text(), re.M)
+    sources_list = Path("/etc/apt/sources.list")
+    if sources_list.exists():
+        candidates += re.findall(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+)", sources_list.read_text(), re.M)
+    for uri in candidates:
+        if uri.rstrip("/").endswith("/debian"):
+            return uri.rstrip("/")
+    pytest.skip("no Debian archive in this machine's apt sources")
+
+
+def _cache() -> Path:
+    return Path(os.environ.get("GPUNODE_CACHE", "/var/cache/pyinfra-gpunode"))
+
+
+@pytest.fixture(scope="session")
+def base_root() -> Path:
+    """The cached trixie root (built on first use, under a lock)."""
+    roots = _cache() / "roots"
+    roots.mkdir(parents=True, exist_ok=True)
+    root = roots / f"{RELEASE}-hostprep"
+    with open(roots / f"{RELEASE}-hostprep.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "usr/bin/apt-mark").exists():
+            tmp = roots / f"{RELEASE}-hostprep.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            debs = _cache() / "debs"
+            debs.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                ["debootstrap", "--variant=minbase", "--components=main", f"--cache-dir={debs}",
+                 f"--include={PACKAGES}", RELEASE, str(tmp), debian_mirror()],
+                check=True, capture_output=True,
+            )  # fmt: skip
+            tmp.rename(root)
+    return root
+
+
+@pytest.fixture
+def node(base_root: Path, tmp_path: Path) -> Iterator[Path]:
+    """A writable overlay copy of the root for one test."""
+    upper, work, merged = tmp_path / "upper", tmp_path / "work", tmp_path / "merged"
+    for path in (upper, work, merged):
+        path.mkdir()
+    subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={base_root},upperdir={upper},workdir={work}",
+         str(merged)],
+        check=True,
+    )  # fmt: skip
+    try:
+        yield merged
+    finally:
+        subprocess.run(["umount", str(merged)], check=False)
+
+
+def sh(root: Path, command: str) -> str:
+    result = subprocess.run(
+        ["chroot", str(root), "sh", "-c", command], capture_output=True, text=True, check=True,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+    )  # fmt: skip
+    return result.stdout
+
+
+def deploy(root: Path, *ops: tuple[Callable[..., Any], dict[str, Any]]) -> int:
+    """Run ``ops`` on the root through pyinfra; return how many ops would change it (prepare pass)."""
+    name = f"@chroot/{root}"
+    inventory = Inventory(([name], {}))
+    state = State(inventory=inventory, config=Config(FAIL_PERCENT=0), check_for_changes=True)
+    connect_all(state)
+    try:
+        host = inventory.get_host(name)
+        for op, kwargs in ops:
+            add_op(state, op, **kwargs)
+        changes = state.get_meta_for_host(host).ops_change
+        run_ops(state)
+        assert not state.failed_hosts, "an operation failed"
+        return int(changes)
+    finally:
+        disconnect_all(state)
+
+
+def installed_kernel(root: Path) -> str:
+    return os.readlink(root / "vmlinuz").rsplit("vmlinuz-", 1)[1]
+
+
+def test_kernel_held_then_released(node: Path) -> None:
+    release = installed_kernel(node)
+    assert sh(node, "apt-mark showhold") == ""
+
+    op = (kernel.held, {"name": "hold kernel", "release": release})
+    assert deploy(node, op) == 1
+    held = sh(node, "apt-mark showhold").split()
+    assert held == sorted([f"linux-image-{release}", "linux-image-cloud-amd64"])
+    status = sh(node, "dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n' linux-image-cloud-amd64")
+    assert status.startswith("hi")
+    assert deploy(node, op) == 0, "second run changed something"
+
+    release_op = (kernel.held, {"name": "release kernel", "release": release, "present": False})
+    assert deploy(node, release_op) == 1
+    assert sh(node, "apt-mark showhold") == ""
+    assert deploy(node, release_op) == 0
+
+
+def periodic(root: Path) -> dict[str, str]:
+    dump = sh(root, "apt-config dump")
+    return dict(re.findall(r'^APT::Periodic::(\S+) "(.*)";$', dump, re.M))
+
+
+def blacklist(root: Path) -> list[str]:
+    return re.findall(r'^Unattended-Upgrade::Package-Blacklist:: "(.*)";$', sh(root, "apt-config dump"), re.M)
+
+
+def is_enabled(root: Path, *units: str) -> list[str]:
+    result = subprocess.run(
+        ["chroot", str(root), "systemctl", "is-enabled", *units], capture_output=True, text=True, check=False
+    )
+    return result.stdout.split()
+
+
+def test_unattended_disabled_then_blacklist(node: Path) -> None:
+    units = ("apt-daily-upgrade.timer", "apt-daily.timer", "unattended-upgrades.service")
+    assert periodic(node)["Unattended-Upgrade"] == "1"
+    assert is_enabled(node, *units) == ["enabled"] * 3
+    needrestart = sh(node, f"perl -e '{NEEDRESTART_EVAL}'")
+    assert "containerd.service=restart" in needrestart
+
+    op = (unattended_upgrades.configured, {"name": "unattended off"})
+    assert deploy(node, op) == 1
+    settings = periodic(node)
+    assert settings["Unattended-Upgrade"] == "0"
+    assert settings["Update-Package-Lists"] == "0"
+    assert settings["Enable"] == "0"
+    assert is_enabled(node, *units) == ["disabled"] * 3
+    needrestart = sh(node, f"perl -e '{NEEDRESTART_EVAL}'").split()
+    assert needrestart == [
+        "restart=l",
+        "containerd.service=never",
+        "kubelet.service=never",
+        "nvidia-persistenced.service=never",
+        "cron.service=restart",
+    ]
+    mode = sh(node, "stat -c '%a %U %G' /etc/apt/apt.conf.d/99gpunode-unattended-upgrades "
+                    "/etc/needrestart/conf.d/90-gpunode.conf").split("\n")  # fmt: skip
+    assert mode[:2] == ["644 root root", "644 root root"]
+    assert deploy(node, op) == 0, "second run changed something"
+
+    op = (unattended_upgrades.configured, {"name": "unattended blacklist", "mode": "blacklist"})
+    assert deploy(node, op) == 1
+    settings = periodic(node)
+    assert settings["Unattended-Upgrade"] == "1"
+    assert "Enable" not in settings
+    assert blacklist(node) == ["linux-", "nvidia-", "libnvidia-", "containerd", "cri-tools"]
+    assert is_enabled(node, *units) == ["enabled"] * 3
+    assert deploy(node, op) == 0, "second run changed something"
+
+
+def test_driver_plan_dry_run_debian(node: Path) -> None:
+    """No GPU here: check the Debian driver plan against the real package index (non-free)."""
+    components = "main contrib non-free non-free-firmware"
+    (node / "etc/apt/sources.list").write_text(f"deb {debian_mirror()} {RELEASE} {components}\n")
+    sh(node, "apt-get update -qq")
+    name = f"@chroot/{node}"
+    inventory = Inventory(([name], {}))
+    state = State(inventory=inventory, config=Config())
+    connect_all(state)
+    try:
+        host = inventory.get_host(name)
+        facts = get_facts(state, NvidiaHostState)[host]
+        assert facts["distro"] == "debian" and facts["release"] == "13"
+        assert facts["pci"]["gpus"] == []  # the op itself would skip this host
+        info = HostInfo("debian", facts["release"], installed_kernel(node), facts["arch"], False)
+        request = check_request(DriverRequest(branch="550", flavor="default", allow_dkms=True))
+        available = get_facts(state, NvidiaAptVersions, kwargs={"packages": wanted_names(info, request)})[host]
+    finally:
+        disconnect_all(state)
+    plan = plan_driver(info, request, {}, available)
+    assert plan.error == ""
+    assert plan.method == "dkms"
+    assert sorted(plan.packages) == ["firmware-nvidia-gsp", "nvidia-driver", "nvidia-kernel-dkms"]
+    assert plan.version.startswith("550.")
+    assert all(v.startswith(plan.version + "-") for v in plan.packages.values())
+
+    refused = plan_driver(info, check_request(DriverRequest(branch="550", flavor="default")), {}, available)
+    assert "allow_dkms" in refused.error
+    secure = HostInfo("debian", "13", info.kernel, "amd64", True)
+    request = check_request(DriverRequest(branch="550", flavor="default", allow_dkms=True))
+    assert "Secure Boot" in plan_driver(secure, request, {}, available).error
+
+
+# ---- the same checks on a booted test host (systemd running, reached over SSH) -------------
+
+
+def fleet_deploy(fleet: Any, name: str, *ops: tuple[Callable[..., Any], dict[str, Any]]) -> int:
+    """Run ``ops`` on fleet host ``name``; return how many would change it (prepare pass)."""
+    import runpy
+
+    hosts = runpy.run_path(str(fleet.inventory_path))["hosts"]
+    inventory = Inventory(([entry for entry in hosts if entry[0] == name], {}))
+    state = State(inventory=inventory, config=Config(FAIL_PERCENT=0), check_for_changes=True)
+    connect_all(state)
+    try:
+        host = inventory.get_host(name)
+        for op, kwargs in ops:
+            add_op(state, op, **kwargs)
+        changes = state.get_meta_for_host(host).ops_change
+        run_ops(state)
+        assert not state.failed_hosts, "an operation failed"
+        return int(changes)
+    finally:
+        disconnect_all(state)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("GPUNODE_HOSTPREP_FLEET"),
+    reason="opt-in while the test fleet is being finished (set GPUNODE_HOSTPREP_FLEET=1)",
+)
+def test_fleet_host_prep_converges(fleet: Any) -> None:
+    fleet.reset(["node2"])
+
+    def out(command: str) -> str:
+        result = fleet.run("node2", command)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    release = out("readlink /vmlinuz").strip().rsplit("vmlinuz-", 1)[-1]
+    ops = (
+        (unattended_upgrades.configured, {"name": "unattended off"}),
+        (kernel.held, {"name": "hold kernel", "release": release}),
+    )
+    assert fleet_deploy(fleet, "node2", *ops) == 2
+    assert re.search(r'^APT::Periodic::Unattended-Upgrade "0";$', out("apt-config dump"), re.M)
+    enabled = fleet.run("node2", "systemctl is-enabled apt-daily-upgrade.timer apt-daily.timer").stdout.split()
+    assert enabled == ["disabled", "disabled"]
+    active = fleet.run("node2", "systemctl is-active apt-daily-upgrade.timer apt-daily.timer").stdout.split()
+    assert active == ["inactive", "inactive"]
+    assert f"linux-image-{release}" in out("apt-mark showhold").split()
+    assert out("cat /etc/needrestart/conf.d/90-gpunode.conf").count("= 0;") == 3
+    assert fleet_deploy(fleet, "node2", *ops) == 0, "second run changed something"

@@ -1,0 +1,129 @@
+"""Which driver packages a host gets."""
+
+import pytest
+
+from pyinfra_gpunode.driver_plan import (
+    DriverRequest,
+    DriverRequestError,
+    HostInfo,
+    check_request,
+    plan_driver,
+    wanted_names,
+)
+
+K = "6.8.0-45-generic"
+UBUNTU = HostInfo("ubuntu", "24.04", K, "amd64", secure_boot=True)
+DEBIAN = HostInfo("debian", "13", "6.12.117+deb13-amd64", "amd64", secure_boot=False)
+LRM = {
+    "nvidia-headless-no-dkms-580-server": ["580.126.20-0ubuntu0.24.04.2", "580.95.05-0ubuntu0.24.04.1"],
+    "nvidia-utils-580-server": ["580.126.20-0ubuntu0.24.04.2", "580.95.05-0ubuntu0.24.04.1"],
+    f"linux-objects-nvidia-580-server-{K}": ["6.8.0-45.45+1"],
+    f"linux-modules-nvidia-580-server-{K}": ["6.8.0-45.45+1"],
+    f"linux-signatures-nvidia-{K}": ["6.8.0-45.45+1"],
+    "nvidia-dkms-580-server": ["580.126.20-0ubuntu0.24.04.2"],
+}
+NO_LRM = {k: v for k, v in LRM.items() if not k.startswith("linux-")}
+
+
+def req(**kwargs: object) -> DriverRequest:
+    return check_request(DriverRequest(**kwargs))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "give a driver branch"),
+        ({"branch": "58"}, "three digits"),
+        ({"branch": "999"}, "unknown driver branch '999'"),
+        ({"version": "580"}, "full driver version"),
+        ({"branch": "580", "version": "550.163.01"}, "not on branch '580'"),
+        ({"branch": "580", "flavor": "desktop"}, "flavor must be one of"),
+    ],
+)
+def test_bad_requests_name_the_input(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(DriverRequestError, match=message):
+        req(**kwargs)
+
+
+def test_version_implies_branch() -> None:
+    assert req(version="580.126.20").branch == "580"
+
+
+def test_ubuntu_prefers_signed_precompiled_modules() -> None:
+    plan = plan_driver(UBUNTU, req(version="580.126.20"), {}, LRM)
+    assert plan.error == "" and plan.method == "precompiled"
+    assert plan.packages["nvidia-headless-no-dkms-580-server"] == "580.126.20-0ubuntu0.24.04.2"
+    assert f"linux-signatures-nvidia-{K}" in plan.packages
+    assert "nvidia-dkms-580-server" not in plan.packages
+
+
+def test_ubuntu_open_flavour_names() -> None:
+    names = wanted_names(UBUNTU, req(branch="580", flavor="server-open"))
+    assert names == [
+        "nvidia-headless-no-dkms-580-server-open",
+        "nvidia-utils-580-server-open",
+        f"linux-modules-nvidia-580-server-open-{K}",
+        "nvidia-dkms-580-server-open",
+    ]
+
+
+def test_ubuntu_secure_boot_without_signed_modules() -> None:
+    assert "mok_enrolled" in plan_driver(UBUNTU, req(version="580.126.20", allow_dkms=True), {}, NO_LRM).error
+    plan = plan_driver(UBUNTU, req(version="580.126.20", allow_dkms=True, mok_enrolled=True), {}, NO_LRM)
+    assert plan.method == "dkms" and plan.packages["nvidia-dkms-580-server"] == "580.126.20-0ubuntu0.24.04.2"
+    assert plan.packages[f"linux-headers-{K}"] == ""
+
+
+def test_ubuntu_branch_only_takes_newest_then_keeps_installed() -> None:
+    assert plan_driver(UBUNTU, req(branch="580"), {}, LRM).version == "580.126.20"
+    installed = {
+        "nvidia-headless-no-dkms-580-server": "580.95.05-0ubuntu0.24.04.1",
+        "nvidia-utils-580-server": "580.95.05-0ubuntu0.24.04.1",
+        f"linux-objects-nvidia-580-server-{K}": "6.8.0-45.45+1",
+        f"linux-modules-nvidia-580-server-{K}": "6.8.0-45.45+1",
+        f"linux-signatures-nvidia-{K}": "6.8.0-45.45+1",
+    }
+    plan = plan_driver(UBUNTU, req(branch="580"), installed, None)
+    assert plan.error == "" and plan.version == "580.95.05"  # no silent upgrade
+
+
+def test_ubuntu_retired_and_unsupported() -> None:
+    assert "transitional" in plan_driver(UBUNTU, req(branch="550"), {}, {}).error
+    old_release = HostInfo("ubuntu", "20.04", K)
+    assert "Ubuntu 20.04 is not supported" in plan_driver(old_release, req(branch="580"), {}, {}).error
+    assert "rocky" in plan_driver(HostInfo("rocky", "9.4", K), req(branch="580"), {}, {}).error
+
+
+def test_debian_needs_dkms_and_pins_each_package() -> None:
+    available = {
+        "nvidia-driver": ["555.58.02-4", "550.163.01-5.1", "550.163.01-2"],
+        "firmware-nvidia-gsp": ["550.163.01-2"],
+        "nvidia-kernel-dkms": ["550.163.01-2"],
+    }
+    assert "allow_dkms" in plan_driver(DEBIAN, req(branch="550"), {}, available).error
+    plan = plan_driver(DEBIAN, req(branch="550", allow_dkms=True), {}, available)
+    assert plan.packages == {
+        "nvidia-driver": "550.163.01-5.1",
+        "firmware-nvidia-gsp": "550.163.01-2",
+        "nvidia-kernel-dkms": "550.163.01-2",
+    }
+
+
+def test_debian_branches_per_release() -> None:
+    bookworm = HostInfo("debian", "12", "6.1.0-30-amd64")
+    assert "not in Debian 12" in plan_driver(bookworm, req(branch="550"), {}, {}).error
+    assert wanted_names(DEBIAN, req(branch="535")) == ["nvidia-tesla-535-driver", "nvidia-tesla-535-kernel-dkms"]
+    assert "no open kernel module" in plan_driver(DEBIAN, req(branch="535", flavor="open"), {}, {}).error
+    assert wanted_names(DEBIAN, req(branch="550", flavor="open"))[-1] == "nvidia-open-kernel-dkms"
+
+
+def test_missing_version_in_index() -> None:
+    plan = plan_driver(UBUNTU, req(version="580.999.01"), {}, LRM)
+    assert "offers no nvidia-headless-no-dkms-580-server at driver version 580.999.01" in plan.error
+
+
+def test_converged_without_index_query() -> None:
+    installed = {name: versions[0] for name, versions in LRM.items() if name != "nvidia-dkms-580-server"}
+    plan = plan_driver(UBUNTU, req(version="580.126.20"), installed, None)
+    assert plan.error == "" and plan.method == "precompiled"
+    assert plan_driver(UBUNTU, req(version="580.126.20"), {}, None).error == "query"
