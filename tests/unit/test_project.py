@@ -77,7 +77,8 @@ def test_editable_install_finds_templates_in_the_checkout() -> None:
 
 def test_wheel_ships_templates_and_renders(tmp_path: Path) -> None:
     pip = [sys.executable, "-m", "pip"]
-    subprocess.run([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", REPO], check=True)
+    build = ["wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", REPO]
+    subprocess.run([*pip, *build], check=True)
     (wheel,) = (tmp_path / "dist").glob("pyinfra_gpunode-*.whl")
     target = tmp_path / "site"
     subprocess.run([*pip, "install", "-q", "--no-deps", "--target", target, wheel], check=True)
