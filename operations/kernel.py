@@ -53,8 +53,12 @@ def held(release: str | None = None, present: bool = True) -> Generator[Any, Any
     packages = kernel_packages(target or "", state["packages"])
     held_now = set(state["held"])
     if present:
-        if not packages:
+        if not packages and release:
             yield _fail(f"no installed packages belong to kernel {target}; nothing to hold")
+            return
+        if not packages:
+            # A container shares its machine's kernel, and a hand-built kernel has no package.
+            host.noop(f"the running kernel {target} comes from no installed package; nothing to hold")
             return
         missing = [name for name in packages if name not in held_now]
         if not missing:

@@ -1,0 +1,262 @@
+"""A fleet of test hosts: boot, reach over SSH, reset and tear down.
+
+    fleet = Fleet()            # node1 (trixie), node2 (trixie), node3 (sid), systemd-nspawn
+    fleet.up()                 # idempotent: boots only what is not running
+    fleet.run("node1", "systemctl is-active containerd")
+    fleet.reset(["node1"])     # fresh disk, same keys and machine-id
+    fleet.down()               # idempotent: stops only what the harness started
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import access, nspawn, preflight, processes, vm
+from .archive import archive_host
+from .identity import ensure_client_key, ensure_identity
+from .paths import fleet_dir, key_path
+from .processes import Recorded
+from .roots import RootRecipe, ensure_root
+from .state import STATE_FILE, HostState
+
+log = logging.getLogger(__name__)
+
+ARCHIVE_RELAY_FILE = "archive-relay.json"
+BOOT_TIMEOUT = {False: 120.0, True: 300.0}  # seconds, by "is a VM"
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    name: str
+    release: str
+    vm: bool = False
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    port: int
+    release: str
+    vm: bool
+
+
+DEFAULT_HOSTS = (HostSpec("node1", "trixie"), HostSpec("node2", "trixie"), HostSpec("node3", "sid"))
+
+
+class Fleet:
+    def __init__(self, specs: Sequence[HostSpec] = DEFAULT_HOSTS, name: str = "default") -> None:
+        self.name = name
+        self.specs = tuple(specs)
+        self.directory = fleet_dir(name)
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.directory / "inventory.py"
+
+    @property
+    def ssh_config_path(self) -> Path:
+        return self.directory / "ssh_config"
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.directory / "known_hosts"
+
+    @property
+    def key_path(self) -> Path:
+        return key_path()
+
+    @property
+    def hosts(self) -> list[Host]:
+        return [Host(s.name, s.port, s.release, s.vm) for s in self._states()]
+
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(f"no host {name!r} in fleet {self.name!r}")
+
+    def is_up(self) -> bool:
+        states = {s.name: s for s in self._states()}
+        return all(
+            spec.name in states and _matches(states[spec.name], spec) and _is_running(states[spec.name])
+            for spec in self.specs
+        )
+
+    def up(self) -> None:
+        """Boot every host of the fleet that is not running, and write the access files."""
+        preflight.check(vm=any(spec.vm for spec in self.specs))
+        with self._locked():
+            roots = self._build_roots()
+            wanted = {spec.name: spec for spec in self.specs}
+            for state in self._states():
+                spec = wanted.get(state.name)
+                if spec is None or not _matches(state, spec) or not _is_running(state):
+                    self._remove_host(state)
+            running = {state.name for state in self._states()}
+            to_boot = [self._new_state(spec) for spec in self.specs if spec.name not in running]
+            if any(not spec.vm for spec in self.specs):
+                self._ensure_archive_relay()
+            for state in to_boot:
+                self._boot(state, roots[state.name])
+            self._write_access_files()
+            self._wait_ready(to_boot)
+
+    def down(self) -> None:
+        """Stop every host the harness started for this fleet and remove its state."""
+        if not self.directory.exists():
+            return
+        with self._locked():
+            for state in self._states():
+                self._remove_host(state)
+            self._stop_archive_relay()
+            for path in (self.inventory_path, self.ssh_config_path, self.known_hosts_path):
+                path.unlink(missing_ok=True)
+        shutil.rmtree(self.directory)
+
+    def reset(self, names: Iterable[str]) -> None:
+        """Reboot ``names`` with a fresh disk; they keep their SSH host keys, machine-id and port."""
+        wanted = set(names)
+        with self._locked():
+            states = [s for s in self._states() if s.name in wanted]
+            unknown = wanted - {s.name for s in states}
+            if unknown:
+                raise KeyError(f"no hosts {sorted(unknown)} in fleet {self.name!r}")
+            roots = self._build_roots()
+            for state in states:
+                _stop(state)
+                (vm if state.vm else nspawn).wipe_disk(state)
+            for state in states:
+                self._boot(state, roots[state.name])
+            self._wait_ready(states)
+
+    def run(self, name: str, command: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` on host ``name`` over SSH (strict host keys); never raises on failure."""
+        return subprocess.run(
+            ["ssh", "-F", str(self.ssh_config_path), name, command],
+            capture_output=True, text=True, timeout=timeout,
+        )
+
+    def _states(self) -> list[HostState]:
+        if not self.directory.exists():
+            return []
+        return [HostState.load(p.parent) for p in sorted(self.directory.glob(f"*/{STATE_FILE}"))]
+
+    def _new_state(self, spec: HostSpec) -> HostState:
+        directory = self.directory / spec.name
+        directory.mkdir(parents=True, exist_ok=True)
+        ensure_identity(directory / "identity", spec.name)
+        state = HostState(directory, spec.name, spec.release, spec.vm, _free_port())
+        state.save()
+        return state
+
+    def _build_roots(self) -> dict[str, Path]:
+        ensure_client_key()
+        recipes = {spec.name: RootRecipe(spec.release, with_kernel=spec.vm) for spec in self.specs}
+        unique = {recipe.name: recipe for recipe in recipes.values()}
+        with ThreadPoolExecutor(max_workers=len(unique)) as pool:
+            built = dict(zip(unique, pool.map(ensure_root, unique.values()), strict=True))
+        return {host: built[recipe.name] for host, recipe in recipes.items()}
+
+    def _boot(self, state: HostState, root: Path) -> None:
+        if state.vm:
+            vm.boot(state, root)
+        else:
+            nspawn.boot(state, root, self.directory / "archive.sock")
+
+    def _remove_host(self, state: HostState) -> None:
+        _stop(state)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(state.directory)], check=True)
+
+    def _ensure_archive_relay(self) -> None:
+        relay_file = self.directory / ARCHIVE_RELAY_FILE
+        if relay_file.exists() and processes.is_running(Recorded.from_json(relay_file.read_text())):
+            return
+        relay = processes.start(
+            "archive-relay",
+            [
+                "socat", f"UNIX-LISTEN:{self.directory / 'archive.sock'},fork,unlink-early",
+                f"TCP:{archive_host()}:80",
+            ],
+            self.directory / "archive-relay.log",
+        )
+        relay_file.write_text(relay.to_json())
+
+    def _stop_archive_relay(self) -> None:
+        relay_file = self.directory / ARCHIVE_RELAY_FILE
+        if relay_file.exists():
+            processes.stop([Recorded.from_json(relay_file.read_text())])
+            relay_file.unlink()
+
+    def _write_access_files(self) -> None:
+        states = self._states()
+        access.write_known_hosts(self.known_hosts_path, states)
+        access.write_ssh_config(self.ssh_config_path, states, self.key_path, self.known_hosts_path)
+        access.write_inventory(self.inventory_path, states, self.key_path, self.known_hosts_path)
+
+    def _wait_ready(self, states: Sequence[HostState]) -> None:
+        if not states:
+            return
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=len(states)) as pool:
+            list(pool.map(self._wait_host_ready, states))
+        log.info("%s ready in %.1f s", ", ".join(s.name for s in states), time.monotonic() - started)
+
+    def _wait_host_ready(self, state: HostState) -> None:
+        timeout = BOOT_TIMEOUT[state.vm]
+        deadline = time.monotonic() + timeout
+        while True:
+            if not _is_running(state):
+                raise RuntimeError(f"{state.name} stopped while booting:\n{_console_tail(state)}")
+            result = self.run(state.name, "systemctl is-system-running --wait", timeout=timeout)
+            if result.stdout.strip() == "running":
+                break
+            if result.stdout.strip() == "degraded":
+                failed = self.run(state.name, "systemctl --failed --plain --no-legend").stdout
+                raise RuntimeError(f"{state.name} booted degraded; failed units:\n{failed}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{state.name} not ready: {result.stderr.strip()}\n{_console_tail(state)}")
+            time.sleep(0.3)
+        active = self.run(state.name, "systemctl is-active containerd").stdout.strip()
+        if active != "active":
+            raise RuntimeError(f"{state.name}: containerd is {active!r} after boot")
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory.parent / f"{self.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+
+def _stop(state: HostState) -> None:
+    (vm if state.vm else nspawn).stop(state)
+
+
+def _matches(state: HostState, spec: HostSpec) -> bool:
+    return (state.release, state.vm) == (spec.release, spec.vm)
+
+
+def _is_running(state: HostState) -> bool:
+    return bool(state.processes) and all(processes.is_running(p) for p in state.processes)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _console_tail(state: HostState) -> str:
+    console = state.directory / "console.log"
+    return console.read_text(errors="replace")[-2000:] if console.exists() else "(no console output)"
+

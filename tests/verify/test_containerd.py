@@ -1,0 +1,68 @@
+"""containerd on a ready GPU node: running, with the nvidia runtime in its config and in the daemon."""
+
+from __future__ import annotations
+
+import tomllib
+
+from pyinfra_gpunode.containerd_dropin import CRI_V2
+from pyinfra_gpunode.containerd_dump import CRI_V3_IMAGES
+from pyinfra_gpunode.facts.containerd import ContainerdConfigDump, ContainerdConfigFiles, ContainerdCriLoaded
+from pyinfra_gpunode.hostdata import validate
+
+from .facts import read_fact
+from .inventory import Node
+
+
+def _merged(node: Node) -> dict:
+    """``containerd config dump`` of the config file the service starts containerd with."""
+    main_path = read_fact(node, ContainerdConfigFiles)["main_path"]
+    dump = read_fact(node, ContainerdConfigDump, config_path=main_path)
+    assert dump is not None, "containerd is not installed"
+    assert dump["error"] is None, f"containerd cannot load its config: {dump['error']}"
+    return dump
+
+
+def test_containerd_active_and_enabled(node: Node) -> None:
+    service = node.host.service("containerd")
+    assert service.is_running
+    assert service.is_enabled
+
+
+def test_nvidia_runtime_in_merged_config(node: Node) -> None:
+    summary = _merged(node)["summary"]
+    settings = validate(node.data)
+    nvidia = summary["runtimes"].get("nvidia")
+    assert nvidia is not None, f"no nvidia runtime in `containerd config dump` (runtimes: {list(summary['runtimes'])})"
+    assert nvidia["runtime_type"] == "io.containerd.runc.v2"
+    assert nvidia["BinaryName"] == settings["gpunode_nvidia_runtime_binary"]
+    if settings["gpunode_nvidia_systemd_cgroup"] is not None:
+        assert nvidia["SystemdCgroup"] == settings["gpunode_nvidia_systemd_cgroup"]
+
+
+def test_default_runtime_is_defined(node: Node) -> None:
+    summary = _merged(node)["summary"]
+    assert summary["default_runtime_present"], (
+        f"default runtime {summary['default_runtime_name']!r} is not among {list(summary['runtimes'])}"
+    )
+    if validate(node.data)["gpunode_nvidia_default_runtime"]:
+        assert summary["default_runtime_name"] == "nvidia"
+
+
+def test_running_daemon_loaded_nvidia_runtime(node: Node) -> None:
+    loaded = read_fact(node, ContainerdCriLoaded)
+    assert loaded["loaded"], f"the running containerd has no CRI plugin: {loaded['error']}"
+    assert "nvidia" in loaded["runtimes"], f"the running containerd loaded only {loaded['runtimes']}"
+    assert loaded["default_runtime_name"] == _merged(node)["summary"]["default_runtime_name"]
+
+
+def test_registry_config_path_kept(node: Node) -> None:
+    """The registry ``config_path`` set in the main config survives the drop-ins merged over it."""
+    files = read_fact(node, ContainerdConfigFiles)
+    main = files["main"]
+    assert main is not None and main["error"] is None, f"main config unreadable: {files['main_path']}"
+    plugins = tomllib.loads(main["text"]).get("plugins", {})
+    images = plugins.get(CRI_V3_IMAGES if main["version"] == 3 else CRI_V2, {})
+    expected = images.get("registry", {}).get("config_path")
+    merged = _merged(node)["summary"]["registry_config_path"]
+    if expected is not None:
+        assert merged == expected, f"registry config_path {expected!r} in {main['path']} became {merged!r}"
