@@ -47,21 +47,9 @@ for my $unit ("containerd.service", "kubelet.service", "nvidia-persistenced.serv
 }
 """
 
+from tests.fleet.archive import debian_mirror  # noqa: E402
+
 logging.getLogger("paramiko").setLevel(logging.WARNING)
-
-
-def debian_mirror() -> str:
-    """The Debian archive URI from this machine's apt sources (deb822 or one-line format)."""
-    candidates: list[str] = []
-    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
-        candidates += re.findall(r"^URIs:\s*(\S+)", path.read_text(), re.M)
-    sources_list = Path("/etc/apt/sources.list")
-    if sources_list.exists():
-        candidates += re.findall(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+)", sources_list.read_text(), re.M)
-    for uri in candidates:
-        if uri.rstrip("/").endswith("/debian"):
-            return uri.rstrip("/")
-    pytest.skip("no Debian archive in this machine's apt sources")
 
 
 def _cache() -> Path:

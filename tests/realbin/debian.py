@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import subprocess
 from pathlib import Path
+
+from tests.fleet.archive import debian_mirror
 
 PACKAGES = {
     "1.6.20": ("bookworm", "1.6.20~ds1-1+deb12u3"),
@@ -23,20 +24,6 @@ KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
 def cache_dir() -> Path:
     return Path(os.environ.get("GPUNODE_CACHE", "/var/cache/pyinfra-gpunode"))
-
-
-def debian_mirror() -> str:
-    """The Debian archive URI of this machine's apt sources (deb822 or one-line format)."""
-    candidates: list[str] = []
-    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
-        candidates += re.findall(r"^URIs:\s*(\S+)", path.read_text(), re.M)
-    sources_list = Path("/etc/apt/sources.list")
-    if sources_list.exists():
-        candidates += re.findall(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+)", sources_list.read_text(), re.M)
-    for uri in candidates:
-        if uri.rstrip("/").endswith("/debian"):
-            return uri.rstrip("/")
-    raise RuntimeError("no Debian archive found in this machine's apt sources")
 
 
 def _apt_options(scratch: Path) -> list[str]:
