@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import re
 import shlex
 import tomllib
+from datetime import UTC, datetime
 from typing import Any, TypedDict
 
 from pyinfra.api import FactBase
@@ -239,10 +241,19 @@ class ContainerdServiceInfo(TypedDict):
     restart: str
     restart_usec: str
     n_restarts: int
-    started_at: int | None
+    started_at: float | None
     invocation_id: str
-    config_mtime: int | None
+    config_mtime: float | None
     restart_pending: bool
+
+
+def _epoch(timestamp: str) -> float | None:
+    """``Sun 2026-11-29 09:00:00.482113 UTC`` (``--timestamp=us+utc``) as epoch seconds."""
+    try:
+        moment = datetime.strptime(timestamp, "%a %Y-%m-%d %H:%M:%S.%f UTC")
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=UTC).timestamp()
 
 
 class ContainerdService(FactBase[ContainerdServiceInfo | None]):
@@ -255,8 +266,8 @@ class ContainerdService(FactBase[ContainerdServiceInfo | None]):
     .. code:: python
 
         {"active_state": "active", "sub_state": "running", "main_pid": 73, "restart": "always",
-         "restart_usec": "5s", "n_restarts": 0, "started_at": 1764406000,
-         "invocation_id": "9f0c...", "config_mtime": 1764405000, "restart_pending": False}
+         "restart_usec": "5s", "n_restarts": 0, "started_at": 1764406000.482113,
+         "invocation_id": "9f0c...", "config_mtime": 1764405000.5, "restart_pending": False}
     """
 
     @override
@@ -267,7 +278,7 @@ class ContainerdService(FactBase[ContainerdServiceInfo | None]):
     def command(self) -> str:
         return (
             "if [ -d /run/systemd/system ]; then "
-            "systemctl show containerd --timestamp=unix -p ActiveState -p SubState -p MainPID "
+            "systemctl show containerd --timestamp=us+utc -p ActiveState -p SubState -p MainPID "
             "-p Restart -p RestartUSec -p NRestarts -p ExecMainStartTimestamp -p InvocationID; "
             f"echo ConfigMtime=$(find {CONFIG_ROOT} -type f -printf '%T@\\n' 2>/dev/null | sort -n | tail -n 1); "
             "fi"
@@ -276,10 +287,9 @@ class ContainerdService(FactBase[ContainerdServiceInfo | None]):
     @override
     def process(self, output: list[str]) -> ContainerdServiceInfo:
         values = dict(line.split("=", 1) for line in output if "=" in line)
-        started = values.get("ExecMainStartTimestamp", "").lstrip("@")
-        mtime = values.get("ConfigMtime", "").split(".")[0]
-        started_at = int(started) if started.isdigit() else None
-        config_mtime = int(mtime) if mtime.isdigit() else None
+        started_at = _epoch(values.get("ExecMainStartTimestamp", ""))
+        mtime = values.get("ConfigMtime", "")
+        config_mtime = float(mtime) if re.fullmatch(r"\d+(\.\d+)?", mtime) else None
         active = values.get("ActiveState", "")
         return {
             "active_state": active,
@@ -292,7 +302,7 @@ class ContainerdService(FactBase[ContainerdServiceInfo | None]):
             "invocation_id": values.get("InvocationID", ""),
             "config_mtime": config_mtime,
             "restart_pending": bool(
-                active == "active" and started_at and config_mtime and config_mtime >= started_at
+                active == "active" and started_at and config_mtime and config_mtime > started_at
             ),
         }
 
