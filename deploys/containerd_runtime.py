@@ -4,9 +4,6 @@
     pyinfra -y @chroot/<dir> deploys/containerd_runtime.py --data gpunode_containerd_restart=none
 """
 
-from pyinfra import host
-
-from pyinfra_gpunode.hostdata import validate
 from pyinfra_gpunode.pipeline import nvidia_runtime_registered
 
-nvidia_runtime_registered(validate(host.data.dict()))
+nvidia_runtime_registered()

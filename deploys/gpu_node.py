@@ -4,9 +4,6 @@
     pyinfra -y INVENTORY deploys/gpu_node.py        # the run
 """
 
-from pyinfra import host
-
-from pyinfra_gpunode.hostdata import validate
 from pyinfra_gpunode.pipeline import gpu_node_prepared
 
-gpu_node_prepared(validate(host.data.dict()))
+gpu_node_prepared()

@@ -237,6 +237,7 @@ class ContainerdCandidateDump(FactBase[DumpInfo | None]):
 class ContainerdServiceInfo(TypedDict):
     active_state: str
     sub_state: str
+    result: str
     main_pid: int
     restart: str
     restart_usec: str
@@ -258,14 +259,15 @@ def _epoch(timestamp: str) -> float | None:
 
 class ContainerdService(FactBase[ContainerdServiceInfo | None]):
     """
-    Returns the containerd unit's state: ``Restart``, ``RestartUSec``, active/sub state,
+    Returns the containerd unit's state: ``Restart``, ``RestartUSec``, active/sub state, ``Result``,
     ``MainPID``, start time (epoch seconds), ``NRestarts``, the invocation ID, the newest
     mtime under ``/etc/containerd``, and ``restart_pending`` when a config file is newer than
     the running daemon. ``None`` without systemd (a chroot or image build).
 
     .. code:: python
 
-        {"active_state": "active", "sub_state": "running", "main_pid": 73, "restart": "always",
+        {"active_state": "active", "sub_state": "running", "result": "success", "main_pid": 73,
+         "restart": "always",
          "restart_usec": "5s", "n_restarts": 0, "started_at": 1764406000.482113,
          "invocation_id": "9f0c...", "config_mtime": 1764405000.5, "restart_pending": False}
     """
@@ -279,7 +281,7 @@ class ContainerdService(FactBase[ContainerdServiceInfo | None]):
         return (
             "if [ -d /run/systemd/system ]; then "
             "systemctl show containerd --timestamp=us+utc -p ActiveState -p SubState -p MainPID "
-            "-p Restart -p RestartUSec -p NRestarts -p ExecMainStartTimestamp -p InvocationID; "
+            "-p Result -p Restart -p RestartUSec -p NRestarts -p ExecMainStartTimestamp -p InvocationID; "
             f"echo ConfigMtime=$(find {CONFIG_ROOT} -type f -printf '%T@\\n' 2>/dev/null | sort -n | tail -n 1); "
             "fi"
         )
@@ -294,6 +296,7 @@ class ContainerdService(FactBase[ContainerdServiceInfo | None]):
         return {
             "active_state": active,
             "sub_state": values.get("SubState", ""),
+            "result": values.get("Result", ""),
             "main_pid": int(values.get("MainPID", "0") or 0),
             "restart": values.get("Restart", ""),
             "restart_usec": values.get("RestartUSec", ""),

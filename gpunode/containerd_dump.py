@@ -216,3 +216,40 @@ def parse_cri_start_log(lines: list[str]) -> CriLoaded:
     for line in lines:
         result = _parse_cri_line(line) or result
     return result
+
+
+
+def expected_after_restart(summary: DumpSummary, previous: CriLoaded) -> CriLoaded:
+    """What a daemon restarted on the current files must load: the dump's runtimes, default
+    runtime and registry path, plus every runtime the previous daemon had."""
+    runtimes = sorted({RUNTIME, *summary["runtimes"], *previous["runtimes"]})
+    return _cri_loaded(
+        True,
+        runtimes=runtimes,
+        default_runtime_name=summary["default_runtime_name"],
+        enable_cdi=None,
+        registry_config_path=summary["registry_config_path"],
+    )
+
+
+def restart_problem(active_state: str, result: str, loaded: CriLoaded, expected: CriLoaded) -> str | None:
+    """
+    Why a restarted daemon is not what ``expected`` describes, or ``None``: the unit is active,
+    its CRI plugin loaded every expected runtime, the same default runtime and (where the daemon
+    logs it: 1.x) the same registry ``config_path``. ``result`` is the unit's ``Result``;
+    ``start-limit-hit`` means systemd refuses starts until ``systemctl reset-failed``.
+    """
+    if active_state != "active":
+        return f"the unit is {active_state or 'unknown'} (result {result or 'unknown'})"
+    if not loaded["loaded"]:
+        return f"the CRI plugin did not load: {loaded['error'] or 'no start line'}"
+    missing = sorted(set(expected["runtimes"]) - set(loaded["runtimes"]))
+    if missing:
+        return f"the CRI plugin lacks runtimes {', '.join(missing)}"
+    default = expected["default_runtime_name"]
+    if default and loaded["default_runtime_name"] != default:
+        return f"the default runtime is {loaded['default_runtime_name']!r}, expected {default!r}"
+    path = loaded["registry_config_path"]
+    if path is not None and expected["registry_config_path"] and path != expected["registry_config_path"]:
+        return f"the registry config_path is {path!r}, expected {expected['registry_config_path']!r}"
+    return None

@@ -58,6 +58,21 @@ KEYS: dict[str, Key] = {
             _choice("rolling", "none"),
         ),
         Key(
+            "gpunode_rollout_order",
+            "list[str]",
+            [],
+            "hosts whose containerd restarts first, in this order (a canary); the rest follow in inventory "
+            "order. Same value on every host (set it for the `all` group)",
+            _is_str_list,
+        ),
+        Key(
+            "gpunode_restart_timeout",
+            "int",
+            60,
+            "seconds a restarted containerd may take until its CRI plugin reports",
+            lambda value: isinstance(value, int) and not isinstance(value, bool) and value > 0,
+        ),
+        Key(
             "gpunode_containerd_dropin_dir",
             "absolute path",
             "/etc/containerd/conf.d",

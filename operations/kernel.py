@@ -19,6 +19,11 @@ NOUVEAU_TEXT = (
     "blacklist nouveau\n"
     "options nouveau modeset=0\n"
 )
+# Nodes without initramfs tooling (containers) have no initramfs that could load nouveau.
+REGENERATE_INITRAMFS = (
+    "if command -v update-initramfs >/dev/null; then update-initramfs -u -k all; "
+    "elif command -v dracut >/dev/null; then dracut --force --regenerate-all; fi"
+)
 REBOOT_REQUIRED = (
     "touch /var/run/reboot-required && "
     "(grep -qx gpunode-nouveau /var/run/reboot-required.pkgs 2>/dev/null || "
@@ -76,7 +81,8 @@ def held(release: str | None = None, present: bool = True) -> Generator[Any, Any
 @operation()
 def nouveau_blacklisted(path: str = NOUVEAU_CONF) -> Generator[Any, Any, None]:
     """
-    Blacklist the nouveau driver; regenerate the initramfs only when the blacklist changed.
+    Blacklist the nouveau driver; regenerate the initramfs (``update-initramfs`` or ``dracut``,
+    where installed) only when the blacklist changed.
 
     + path: modprobe.d file that carries the blacklist
 
@@ -100,6 +106,6 @@ def nouveau_blacklisted(path: str = NOUVEAU_CONF) -> Generator[Any, Any, None]:
             host.noop("nouveau is blacklisted")
         return
     yield from write_file(path, NOUVEAU_TEXT)
-    yield StringCommand("update-initramfs", "-u", "-k", "all")
+    yield StringCommand(REGENERATE_INITRAMFS)
     if state["loaded"]:
         yield StringCommand(REBOOT_REQUIRED)
