@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyinfra import host, inventory, state
+from pyinfra import host, state
 from pyinfra.api import deploy
 
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaGpus
@@ -23,6 +23,7 @@ from pyinfra_gpunode.rollout import NodeReport, rollout_order
 def settings() -> dict[str, Any]:
     """This host's validated host data, with the rollout order checked against the inventory."""
     values = validate(host.data.dict())
+    inventory = list(state.inventory)
     orders = {tuple(other.data.get("gpunode_rollout_order", [])) for other in inventory}
     if len(orders) > 1:
         raise HostDataError("host-data key 'gpunode_rollout_order' differs between hosts; set it once for all")

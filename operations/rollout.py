@@ -10,7 +10,7 @@ from pyinfra.api import StringCommand, operation
 from pyinfra.api.exceptions import NestedOperationError
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
-from pyinfra.context import ctx_host
+from pyinfra.context import ctx_host, ctx_state
 
 from pyinfra_gpunode.facts.containerd import ContainerdService
 from pyinfra_gpunode.log import logger
@@ -82,24 +82,34 @@ def _plan(runtime: dict[str, Any]):
     yield StringCommand("true")  # marks the change at prepare; at execute the rollout runs instead
 
 
-def _conduct(state: State, order: list[str], runtime: dict[str, Any], timeout: int) -> bool:
+def _conduct(state: State, order: list[str], runtime: dict[str, Any], timeout: int) -> None:
     outcomes: dict[str, str] = {}
     OUTCOMES[state] = outcomes
     active = {node.name: node for node in state.inventory.get_active_hosts()}
+    nodes = [active[name] for name in order if name in active]
+    # Read every node in parallel first; only nodes with something to do take a (serial) turn.
+    assert state.pool is not None
+    checks = {node.name: state.pool.spawn(_has_work, state, node, runtime) for node in nodes}
     halted_by = None
-    for name in order:
-        node = active.get(name)
-        if node is None:
-            continue
+    for node in nodes:
         if halted_by:
-            outcomes[name] = f"halted: not touched after the failure on {halted_by}"
-            continue
-        outcomes[name] = _turn(state, node, runtime, timeout)
-        logger.info("%scontainerd rollout %s", node.print_prefix, outcomes[name])
-        if outcomes[name].startswith("failed"):
-            halted_by = name
+            outcomes[node.name] = f"halted: not touched after the failure on {halted_by}"
+        elif not checks[node.name].get():
+            outcomes[node.name] = "unchanged"
+        else:
+            outcomes[node.name] = _turn(state, node, runtime, timeout)
+            logger.info("%scontainerd rollout %s", node.print_prefix, outcomes[node.name])
+            if outcomes[node.name].startswith("failed"):
+                halted_by = node.name
     logger.info("--> Summary (rollout order)\n%s", summary_table(_reports(state, order, outcomes)))
-    return True
+
+
+def _has_work(state: State, node: Host, runtime: dict[str, Any]) -> bool:
+    """Whether the node's files would change, are refused, or wait for a restart (reads only)."""
+    with ctx_state.use(state), ctx_host.use(node):
+        found = containerd.registration(**runtime)
+        service = node.get_fact(ContainerdService)
+    return bool(found.problem or found.writes or (service and service["restart_pending"]))
 
 
 def _reports(state: State, order: list[str], outcomes: dict[str, str]) -> dict[str, NodeReport]:

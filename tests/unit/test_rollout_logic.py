@@ -1,0 +1,74 @@
+"""Pure logic of the rollout: order, restart verification, the summary table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pyinfra_gpunode.containerd_dump import (
+    expected_after_restart,
+    parse_cri_start_log,
+    restart_problem,
+    summarize,
+)
+from pyinfra_gpunode.hostdata import HostDataError
+from pyinfra_gpunode.rollout import NodeReport, rollout_order, summary_table
+
+INVENTORY = ["node1", "node2", "node3"]
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+
+
+def test_inventory_order_unless_hosts_go_first() -> None:
+    assert rollout_order(INVENTORY, []) == INVENTORY
+    assert rollout_order(INVENTORY, ["node3"]) == ["node3", "node1", "node2"]
+    assert rollout_order(INVENTORY, ["node2", "node1"]) == ["node2", "node1", "node3"]
+
+
+@pytest.mark.parametrize(("first", "message"), [(["node9"], "node9"), (["node1", "node1"], "twice: node1")])
+def test_bad_rollout_order_names_the_key(first: list[str], message: str) -> None:
+    with pytest.raises(HostDataError, match=f"'gpunode_rollout_order'.*{message}"):
+        rollout_order(INVENTORY, first)
+
+
+def _loaded(runtimes: list[str], default: str = "runc", path: str | None = "/etc/containerd/certs.d"):
+    loaded = parse_cri_start_log([])
+    return {**loaded, "loaded": True, "runtimes": runtimes, "default_runtime_name": default,
+            "registry_config_path": path}
+
+
+def test_restart_verified_against_dump_and_previous_daemon() -> None:
+    previous = _loaded(["runc", "kata"])
+    summary = {**summarize({}), "runtimes": {"runc": {}, "nvidia": {}}, "default_runtime_name": "runc",
+               "registry_config_path": "/etc/containerd/certs.d"}
+    expected = expected_after_restart(summary, previous)  # type: ignore[arg-type]
+    assert expected["runtimes"] == ["kata", "nvidia", "runc"]
+    assert restart_problem("active", "success", _loaded(["kata", "nvidia", "runc"]), expected) is None
+    assert "lacks runtimes kata" in (restart_problem("active", "success", _loaded(["nvidia", "runc"]), expected) or "")
+    assert "default runtime is 'nvidia'" in (
+        restart_problem("active", "success", _loaded(["kata", "nvidia", "runc"], default="nvidia"), expected) or ""
+    )
+    # 2.x does not log the registry path: not a problem; 1.x logging another one is
+    assert restart_problem("active", "success", _loaded(["kata", "nvidia", "runc"], path=None), expected) is None
+    assert "config_path" in (restart_problem("active", "success", _loaded(["kata", "nvidia", "runc"], path="/x"),
+                                             expected) or "")
+
+
+def test_restart_problem_names_unit_state_and_cri_failure() -> None:
+    expected = _loaded(["runc"])
+    assert restart_problem("failed", "start-limit-hit", _loaded(["runc"]), expected) == (
+        "the unit is failed (result start-limit-hit)"
+    )
+    failed = parse_cri_start_log((SAMPLES / "cri-failed-1.7.24.log").read_text().splitlines())
+    assert "did not load" in (restart_problem("active", "success", failed, expected) or "")
+
+
+def test_summary_table_has_a_row_per_node_in_order() -> None:
+    table = summary_table({
+        "node2": NodeReport(changed=["kernel: held"], rollout="done"),
+        "node1": NodeReport(skipped=["CDI: reboot pending"], pending=["reboot"], rollout="halted: x"),
+    })
+    lines = table.splitlines()
+    assert lines[0].split() == ["node", "rollout", "changed", "skipped", "pending"]
+    assert lines[1].startswith("node2  done") and "kernel: held" in lines[1]
+    assert lines[2].startswith("node1  halted: x") and lines[2].endswith("reboot")
