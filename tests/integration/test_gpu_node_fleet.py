@@ -27,9 +27,12 @@ NODES = ("node1", "node2", "node3")
 OUR_DROPIN = "/etc/containerd/gpunode/nvidia-runtime.toml"
 pytestmark = pytest.mark.fleet
 
-# node2's containerd refuses to start while our drop-in exists: a restart failure only our change causes.
+# node2's containerd refuses to start while our drop-in exists: a restart failure only our change
+# causes. A start limit of one start a minute makes the rollback's restart hit ``start-limit-hit``
+# unless the rollout clears it.
 INJECT_FAILURE = (
-    "mkdir -p /etc/systemd/system/containerd.service.d && printf '%s\\n' '[Service]' "
+    "mkdir -p /etc/systemd/system/containerd.service.d && printf '%s\\n' "
+    "'[Unit]' 'StartLimitIntervalSec=60' 'StartLimitBurst=1' '[Service]' "
     f"'ExecStartPre=/bin/sh -c \"test ! -e {OUR_DROPIN}\"' "
     "> /etc/systemd/system/containerd.service.d/test-failure.conf && systemctl daemon-reload"
 )
