@@ -121,7 +121,7 @@ def _reports(state: State, order: list[str], outcomes: dict[str, str]) -> dict[s
         report.rollout = outcomes.get(name, "not reached (failed before the rollout)")
         metas = state.ops.get(node, {})
         report.changed = sorted({
-            sorted(state.op_meta[op_hash].names)[0]
+            sorted(state.op_meta[op_hash].names)[0].rsplit(" | ", 1)[-1]
             for op_hash, data in metas.items()
             if data.operation_meta.is_complete() and data.operation_meta.did_change()
         })
@@ -137,12 +137,16 @@ def _turn(state: State, node: Host, runtime: dict[str, Any], timeout: int) -> st
     saved = {name: getattr(node, name) for name in _OP_CONTEXT}
     node.in_op = False
     try:
+        # pyinfra's context manager does not restore the host on an exception: catch inside it.
         with ctx_host.use(node):
-            written = containerd.nvidia_runtime(name="containerd: nvidia runtime registered", **runtime)
-            restarted = containerd.restarted_if_pending(name="containerd: restarted and verified", timeout=timeout)
-    except NestedOperationError as error:
-        meta = state.ops[node][error.args[0]].operation_meta
-        return f"failed: {meta.stderr.strip() or 'see the log above'}"
+            try:
+                written = containerd.nvidia_runtime(name="containerd: nvidia runtime registered", **runtime)
+                restarted = containerd.restarted_if_pending(
+                    name="containerd: restarted and verified", timeout=timeout
+                )
+            except NestedOperationError as error:
+                stderr = state.ops[node][error.args[0]].operation_meta.stderr.strip()
+                return f"failed: {stderr.splitlines()[-1] if stderr else 'see the log above'}"
     finally:
         for name, value in saved.items():
             setattr(node, name, value)

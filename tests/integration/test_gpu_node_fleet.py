@@ -127,6 +127,9 @@ def test_restart_failure_on_node2_rolls_back_and_halts(fleet: Fleet) -> None:
     assert result.returncode != 0, output
     assert "[node2]" in output and "containerd failed after the restart" in output
     assert "the previous config was restored and containerd runs it again" in output
+    assert "[node2] containerd rollout failed" in output
+    assert "[node1] containerd rollout failed" not in output and "[node3] containerd rollout failed" not in output
+    assert "halted: not touched after the failure on node2" in output
 
     # node1: done
     assert "nvidia" in running_runtimes(fleet, "node1")
