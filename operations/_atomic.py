@@ -1,4 +1,4 @@
-"""Write a file on the node atomically: upload beside it, set owner and mode, then rename."""
+"""Write a file on the node atomically (upload beside it, set owner and mode, rename); fail a host."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import posixpath
 from collections.abc import Iterator
 from io import StringIO
 
+from pyinfra import host, state
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
+
+from pyinfra_gpunode.log import logger
 
 
 def write_file(
@@ -23,5 +26,10 @@ def write_file(
 
 
 def fail(message: str) -> StringCommand:
-    """A command that fails this host with ``message`` on stderr and changes nothing."""
+    """A command that fails this host with ``message`` on stderr and changes nothing.
+
+    In a dry run (the prepare pass) the message is printed as this node's plan: the gate that blocks.
+    """
+    if not state.is_executing:
+        logger.warning("%splan: %s", host.print_prefix, message)
     return StringCommand("echo", QuoteString(message), ">&2", "&&", "exit", "1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import runpy
 import signal
 import subprocess
@@ -145,13 +146,15 @@ def test_restart_failure_on_node2_rolls_back_and_halts(fleet: Fleet) -> None:
 
 def test_dry_run_changes_nothing_and_prints_the_plan(fleet: Fleet) -> None:
     fleet.reset(NODES)
+    write(fleet, "node3", f"{CONFD}/50-broken.toml", "this is = = not TOML\n")  # the gate must block node3
     before = {node: (main_pid(fleet, node), digest(fleet, node, "/etc")) for node in NODES}
     result = deploy(fleet, "--dry")
     assert result.returncode == 0, result.stdout
     assert {node: (main_pid(fleet, node), digest(fleet, node, "/etc")) for node in NODES} == before
-    for node in NODES:
+    for node in ("node1", "node2"):
         assert f"[{node}] plan: write /etc/containerd/config.toml, {OUR_DROPIN}" in result.stdout
     assert f"+++ {OUR_DROPIN} (planned)" in result.stdout
+    assert re.search(r"\[node3\] plan: containerd config not changed: .*50-broken\.toml", result.stdout)
 
 
 def _api_deploy(fleet: Fleet) -> State:
