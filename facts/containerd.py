@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from pyinfra_gpunode.containerd_dump import CriLoaded, DumpSummary, parse_cri_start_log, summarize
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, resolve_tree
+from pyinfra_gpunode.sections import marker, split_sections
 from pyinfra_gpunode.versions import ContainerdVersionInfo, parse_containerd_version
 
 DEFAULT_CONFIG = f"{CONFIG_ROOT}/config.toml"
@@ -343,3 +344,56 @@ class ContainerdCriLoaded(FactBase[CriLoaded]):
     @override
     def process(self, output: list[str]) -> CriLoaded:
         return parse_cri_start_log(output)
+
+
+class ContainerdNodeStateInfo(TypedDict):
+    version: ContainerdVersionInfo | None
+    files: ContainerdConfigFilesInfo
+    dump: DumpInfo | None
+    binary_present: bool
+    service: ContainerdServiceInfo | None
+
+
+class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
+    """
+    Returns in one command what registering the nvidia runtime reads: ``ContainerdVersion``,
+    ``ContainerdConfigFiles``, ``ContainerdConfigDump`` of the main config the unit uses,
+    whether the runtime ``binary`` exists, and ``ContainerdService``, each as those facts
+    return it (``None`` where containerd or systemd is missing).
+
+    + binary: path of the nvidia runtime binary
+
+    .. code:: python
+
+        {"version": {"major": 1, "minor": 7, ...}, "files": {"main_path": "...", ...},
+         "dump": {"summary": {...}, "dump": {...}, "warnings": [], "error": None},
+         "binary_present": True, "service": {"active_state": "active", ...}}
+    """
+
+    @override
+    def command(self, binary: str) -> str:
+        has_containerd = "command -v containerd >/dev/null 2>&1"
+        return "; ".join([
+            marker("version"),
+            f"if {has_containerd}; then containerd --version; fi",
+            marker("files"),
+            ContainerdConfigFiles().command(),
+            marker("dump"),
+            f"if {has_containerd}; then {_dump_script(chr(34) + '$cfg' + chr(34))}; fi",
+            marker("binary"),
+            f"if [ -e {shlex.quote(binary)} ]; then echo present; fi",
+            marker("service"),
+            f"if command -v systemctl >/dev/null 2>&1; then {ContainerdService().command()}; fi",
+        ])
+
+    @override
+    def process(self, output: list[str]) -> ContainerdNodeStateInfo:
+        sections = split_sections(output)
+        version, dump, service = (sections.get(name, []) for name in ("version", "dump", "service"))
+        return {
+            "version": ContainerdVersion().process(version) if version else None,
+            "files": ContainerdConfigFiles().process(sections.get("files", [])),
+            "dump": _process_dump(dump) if dump else None,
+            "binary_present": "present" in sections.get("binary", []),
+            "service": ContainerdService().process(service) if service else None,
+        }

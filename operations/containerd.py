@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 from pyinfra import host, state
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
-from pyinfra.facts.files import File
 
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, plan, staged_imports
 from pyinfra_gpunode.containerd_dump import (
@@ -23,8 +22,9 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdConfigDump,
     ContainerdConfigFiles,
     ContainerdCriLoaded,
+    ContainerdNodeState,
     ContainerdService,
-    ContainerdVersion,
+    ContainerdServiceInfo,
 )
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail, write_file
@@ -46,6 +46,11 @@ class Registration:
     installed: bool = True
     writes: dict[str, str] = field(default_factory=dict)  # path -> new text
     current: dict[str, str] = field(default_factory=dict)  # path -> text on the node
+    service: ContainerdServiceInfo | None = None
+
+    @property
+    def restart_pending(self) -> bool:
+        return bool(self.service and self.service["restart_pending"])
 
     def diff(self) -> str:
         return "".join(
@@ -72,11 +77,11 @@ def registration(
     for spec_dir in dirs:
         _check_absolute("cdi_spec_dirs entry", spec_dir)
 
-    version = host.get_fact(ContainerdVersion)
+    node = host.get_fact(ContainerdNodeState, binary=binary)
+    version, files, before = node["version"], node["files"], node["dump"]
     if not version:
         return Registration("containerd is not installed: install it before registering the nvidia runtime",
                             installed=False)
-    files = host.get_fact(ContainerdConfigFiles)
     options = Options(
         binary=binary,
         systemd_cgroup=systemd_cgroup,
@@ -84,7 +89,6 @@ def registration(
         cdi_spec_dirs=tuple(dirs),
         dropin_dir=dropin_dir.rstrip("/"),
     )
-    before = host.get_fact(ContainerdConfigDump, config_path=files["main_path"])
     before_dump = before["dump"] if before else {}
     result = plan(files["main_path"], files["texts"], version, options, runc_runtime(before_dump))
     if result.errors:
@@ -92,7 +96,7 @@ def registration(
     for warning in result.warnings:
         logger.warning("%s%s", host.print_prefix, warning)
 
-    if not host.get_fact(File, path=binary):
+    if not node["binary_present"]:
         message = f"nvidia runtime binary {binary} is missing on the node"
         if binary_required:
             return Registration(f"containerd config not changed: {message} (gpunode_runtime_binary_required)")
@@ -106,7 +110,7 @@ def registration(
     }
     current = {path: files["texts"][path] for path in writes if path in files["texts"]}
     if not writes:
-        return Registration()
+        return Registration(service=node["service"])
 
     after = host.get_fact(
         ContainerdCandidateDump,
@@ -124,7 +128,7 @@ def registration(
     if losses:
         return Registration("containerd config not changed: the candidate would lose: " + "; ".join(losses),
                             writes=writes, current=current)
-    return Registration(writes=writes, current=current)
+    return Registration(writes=writes, current=current, service=node["service"])
 
 
 @operation()

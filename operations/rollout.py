@@ -12,7 +12,6 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
-from pyinfra_gpunode.facts.containerd import ContainerdService
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import containerd
 from pyinfra_gpunode.operations._atomic import fail
@@ -38,9 +37,9 @@ def nvidia_runtime_rolled_out(order: list[str], runtime: dict[str, Any] | None =
 
     Add it with ``_serial=True`` for every host. The first host pyinfra runs it on conducts the
     whole rollout through nested operations (pyinfra takes serial hosts in random order); every
-    host then reports its own node's outcome, so a failed node fails the run with its reason. Without ``-y`` the
-    prepare pass prints each node's plan: the files it would write (as a diff), the gate that
-    refuses them, or a pending restart.
+    host then reports its own node's outcome, so a failed node fails the run with its reason.
+    Without ``-y`` the prepare pass prints each node's plan: the files it would write (as a
+    diff), the gate that refuses them, or a pending restart.
 
     **Example:**
 
@@ -68,13 +67,12 @@ def nvidia_runtime_rolled_out(order: list[str], runtime: dict[str, Any] | None =
 
 def _plan(runtime: dict[str, Any]):
     found = containerd.registration(**runtime)
-    service = host.get_fact(ContainerdService)
     if found.problem:
         logger.warning("%splan: %s", host.print_prefix, found.problem)
     elif found.writes:
         logger.info("%splan: write %s, then restart containerd and verify\n%s",
                     host.print_prefix, ", ".join(found.writes), found.diff())
-    elif service and service["restart_pending"]:
+    elif found.restart_pending:
         logger.info("%splan: restart containerd (its config is newer than the daemon) and verify", host.print_prefix)
     else:
         host.noop("containerd runs the nvidia runtime config")
@@ -108,8 +106,7 @@ def _has_work(state: State, node: Host, runtime: dict[str, Any]) -> bool:
     """Whether the node's files would change, are refused, or wait for a restart (reads only)."""
     with ctx_state.use(state), ctx_host.use(node):
         found = containerd.registration(**runtime)
-        service = node.get_fact(ContainerdService)
-    return bool(found.problem or found.writes or (service and service["restart_pending"]))
+    return bool(found.problem or found.writes or found.restart_pending)
 
 
 def _reports(state: State, order: list[str], outcomes: dict[str, str]) -> dict[str, NodeReport]:
