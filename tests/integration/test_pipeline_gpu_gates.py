@@ -1,0 +1,101 @@
+"""The GPU part of gpu_node_prepared on two @fake hosts fed real fact outputs: a pending reboot
+stops the later GPU steps on its node and is reported; a loaded driver lets them run."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.deploy import add_deploy
+from pyinfra.api.operations import run_ops
+
+from pyinfra_gpunode.facts.cdi import CdiSpecs
+from pyinfra_gpunode.facts.containerd import ContainerdNodeState
+from pyinfra_gpunode.facts.kernel import KernelState, NouveauBlacklist
+from pyinfra_gpunode.facts.nvidia import NvidiaContainerToolkit, NvidiaDriver, NvidiaGpus, NvidiaHostState
+from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
+from pyinfra_gpunode.operations.kernel import NOUVEAU_CONF
+from pyinfra_gpunode.operations.rollout import REPORTS
+from pyinfra_gpunode.pipeline import gpu_node_prepared
+
+TESTS = Path(__file__).resolve().parents[1]
+RUNTIME = "/usr/bin/nvidia-container-runtime"
+
+
+def fixture_output(fact: str, name: str) -> list[str]:
+    return list(json.loads((TESTS / "facts" / fact / f"{name}.json").read_text())["output"])
+
+
+# Debian 13, Secure Boot off, driver 550.163.01 with DKMS installed and held, one H100.
+HOST_STATE = [
+    "@@os", "debian", "13", "@@arch", "amd64", "@@kernel", "6.12.117+deb13-amd64", "@@secureboot", "efivar 0",
+    "@@pci", "0000:41:00.0 0x030200 0x2331", "@@nvswitch", "@@module", "@@proc", "@@library", "@@smi",
+    "@@fm_packages", "@@fm_unit", "active=inactive", "enabled=not-found", "@@packages",
+    "hi \tnvidia-driver\t550.163.01-2", "hi \tfirmware-nvidia-gsp\t550.163.01-2",
+    "hi \tnvidia-kernel-dkms\t550.163.01-2", "ii \tlinux-headers-6.12.117+deb13-amd64\t6.12.117-1",
+]
+LOADED = fixture_output("nvidia.NvidiaDriver", "debian_renamed_modules")  # 550.163.01 loaded
+NOT_LOADED = fixture_output("nvidia.NvidiaDriver", "userspace_only_not_loaded")  # installed, reboot pending
+
+
+def fake_host(name: str, driver: list[str]) -> tuple[str, dict[str, Any]]:
+    host_state = HOST_STATE[:12] + driver + HOST_STATE[16:]  # the driver sections of NvidiaHostState
+    responses = {  # longest commands first: a fact's command may contain another's
+        NvidiaHostState().command(): host_state,
+        ContainerdNodeState().command(RUNTIME): (TESTS / "samples/containerd-node-state-1.7-converged.txt")
+        .read_text().splitlines(),
+        NvidiaContainerToolkit().command(): fixture_output("nvidia.NvidiaContainerToolkit", "installed_1_17"),
+        CdiSpecs().command(): [],
+        NvidiaDriver().command(): driver,
+        NvidiaGpus().command(): ["@@pci", "0000:41:00.0 0x030200 0x2331", "@@nvswitch"],
+        KernelState().command(): fixture_output("kernel.KernelState", "debian_trixie_unheld"),
+        UnattendedUpgradesState().command(): fixture_output(
+            "unattended_upgrades.UnattendedUpgradesState", "debian_trixie_default"
+        ),
+        NouveauBlacklist().command(NOUVEAU_CONF): fixture_output("kernel.NouveauBlacklist", "absent"),
+    }
+    data = {
+        "fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0,
+        "gpunode_driver_version": "550.163.01", "gpunode_driver_flavor": "default", "gpunode_allow_dkms": True,
+        "gpunode_toolkit_source": "installed",
+    }
+    return f"@fake/{name}", data
+
+
+@pytest.fixture
+def run(caplog: pytest.LogCaptureFixture) -> State:
+    caplog.set_level(logging.INFO, logger="pyinfra.gpunode")
+    inventory = Inventory(([fake_host("gpu1", NOT_LOADED), fake_host("gpu2", LOADED)], {}))
+    state = State(inventory=inventory, config=Config())
+    connect_all(state)
+    try:
+        add_deploy(state, gpu_node_prepared)
+        run_ops(state)
+    finally:
+        disconnect_all(state)
+    return state
+
+
+def commands(state: State, name: str) -> str:
+    return "\n".join(state.inventory.get_host(f"@fake/{name}").connector.executed_commands)  # type: ignore[attr-defined]
+
+
+def test_pending_reboot_stops_later_gpu_steps_and_is_reported(run: State, caplog: pytest.LogCaptureFixture) -> None:
+    assert not run.failed_hosts, [host.name for host in run.failed_hosts]
+    assert "nvidia-ctk cdi generate" not in commands(run, "gpu1")
+    assert "nvidia-ctk cdi generate" in commands(run, "gpu2")
+
+    reports = {name.removeprefix("@fake/"): report for name, report in REPORTS[run].items()}
+    assert reports["gpu1"].pending == ["reboot: driver 550.163.01 installed, no module loaded"]
+    assert reports["gpu1"].skipped == ["Fabric Manager, toolkit, CDI: reboot pending"]
+    assert reports["gpu2"].pending == [] and reports["gpu2"].skipped == []
+
+    summary = next(r.getMessage() for r in caplog.get_records("setup") if "Summary" in r.getMessage())
+    rows = {line.split()[0]: line for line in summary.splitlines()[2:]}
+    assert "reboot: driver 550.163.01 installed" in rows["@fake/gpu1"]
+    assert "CDI spec: current for the loaded driver" in rows["@fake/gpu2"]
