@@ -11,6 +11,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyinfra.api import Config, Inventory, State
@@ -206,15 +207,21 @@ def test_killed_run_converges_on_the_next_run(fleet: Fleet) -> None:
         ({"gpunode_rollout_order": ["node3", "node9"]}, "names hosts not in the inventory: node9"),
         ({"gpunode_restart_timeout": "60"}, "'gpunode_restart_timeout' must be int"),
         ({"gpunode_rollout": "rolling"}, "unknown host-data key 'gpunode_rollout'"),
+        ({"node1": {"gpunode_rollout_order": ["node2"]}}, "'gpunode_rollout_order' differs between hosts"),
     ],
 )
 def test_bad_host_data_is_refused_before_any_node_is_touched(
-    fleet: Fleet, tmp_path: Path, data: dict[str, object], message: str
+    fleet: Fleet, tmp_path: Path, data: dict[str, Any], message: str
 ) -> None:
+    """Group data for all hosts, or (keyed by a host name) that host's own data."""
     inventory = tmp_path / "inventory.py"
     inventory.write_text(
         "import runpy\n"
-        f"hosts = (runpy.run_path({str(fleet.inventory_path)!r})['hosts'], {data!r})\n"
+        f"hosts = runpy.run_path({str(fleet.inventory_path)!r})['hosts']\n"
+        f"data = {data!r}\n"
+        "for name, host_data in hosts:\n"
+        "    host_data.update(data.get(name, {}))\n"
+        "hosts = (hosts, {key: value for key, value in data.items() if key.startswith('gpunode_')})\n"
     )
     before = {node: (main_pid(fleet, node), digest(fleet, node, "/etc")) for node in NODES}
     result = deploy(fleet, "-y", inventory=inventory)
