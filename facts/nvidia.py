@@ -285,7 +285,8 @@ class NvidiaHostState(FactBase[dict[str, Any]]):
     Returns everything the driver and Fabric Manager operations decide on, in one read:
     distribution (``os-release`` ID and VERSION_ID), architecture, running kernel, Secure
     Boot, the PCI devices (as ``NvidiaGpus``), the driver (as ``NvidiaDriver``), Fabric
-    Manager (as ``NvidiaFabricManager``) and the installed driver-related packages.
+    Manager (as ``NvidiaFabricManager``), the installed driver-related packages, and whether
+    an NVIDIA module file exists for the running kernel (``module_built``).
 
     .. code:: python
 
@@ -298,6 +299,7 @@ class NvidiaHostState(FactBase[dict[str, Any]]):
             "fabric_manager": {"packages": {}, "held": [], "version": None,
                                "active": None, "enabled": None},
             "packages": {"nvidia-driver": {"version": "550.163.01-2", "held": True}},
+            "module_built": True,
         }
     """
 
@@ -319,6 +321,8 @@ class NvidiaHostState(FactBase[dict[str, Any]]):
                 FABRIC_MANAGER_SCRIPT,
                 marker("packages"),
                 dpkg_query(*DRIVER_PACKAGE_PATTERNS),
+                marker("kmod"),
+                "find /lib/modules/\"$(uname -r)\" -name 'nvidia*.ko*' 2>/dev/null | head -n 1",
             ]
         )
 
@@ -340,6 +344,7 @@ class NvidiaHostState(FactBase[dict[str, Any]]):
             "driver": parse_driver(sections),
             "fabric_manager": parse_fabric_manager(sections),
             "packages": dict(sorted(parse_dpkg_status(sections.get("packages", [])).items())),
+            "module_built": any(line.strip() for line in sections.get("kmod", [])),
         }
 
 

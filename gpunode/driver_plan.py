@@ -120,12 +120,15 @@ def _debian_family(host: HostInfo, request: DriverRequest) -> tuple[str, str]:
     return family, ""
 
 
-def _debian_names(family: str, request: DriverRequest) -> tuple[list[str], list[str]]:
-    """(userspace packages, DKMS module packages) for a Debian family."""
+def _debian_names(host: HostInfo, family: str, request: DriverRequest) -> tuple[list[str], list[str]]:
+    """(userspace packages, DKMS packages) for a Debian family. The running kernel's headers
+    are part of the DKMS set (they bring the compiler): without them DKMS skips the build and
+    the install still succeeds, leaving no module."""
+    headers = f"linux-headers-{host.kernel}"
     if family == "current":
         module = "nvidia-open-kernel-dkms" if request.open else "nvidia-kernel-dkms"
-        return ["nvidia-driver", "firmware-nvidia-gsp"], [module]
-    return [f"nvidia-{family}-driver"], [f"nvidia-{family}-kernel-dkms"]
+        return ["nvidia-driver", "firmware-nvidia-gsp"], [module, headers]
+    return [f"nvidia-{family}-driver"], [f"nvidia-{family}-kernel-dkms", headers]
 
 
 def _ubuntu_names(host: HostInfo, request: DriverRequest) -> tuple[list[str], list[str], list[str]]:
@@ -168,8 +171,8 @@ def wanted_names(host: HostInfo, request: DriverRequest) -> list[str]:
         userspace, precompiled, dkms = _ubuntu_names(host, request)
         return userspace + precompiled + dkms[:1]
     family, _ = _debian_family(host, request)
-    userspace, dkms = _debian_names(family, request)
-    return userspace + dkms
+    userspace, dkms = _debian_names(host, family, request)
+    return userspace + dkms[:1]
 
 
 def _best(versions: Sequence[str], upstream: str) -> str | None:
@@ -219,7 +222,7 @@ def plan_driver(
         userspace, precompiled, dkms = _ubuntu_names(host, request)
     else:
         family, _ = _debian_family(host, request)
-        userspace, dkms = _debian_names(family, request)
+        userspace, dkms = _debian_names(host, family, request)
         precompiled = []
     lead = userspace[0]
 
@@ -247,7 +250,11 @@ def plan_driver(
     if version is None:
         version = _newest_upstream(available.get(lead, ()), request.branch or "")
         if version is None:
-            return DriverPlan(error=f"the package index offers no {lead} on branch {request.branch}")
+            hint = ""
+            if host.distro == "debian" and not available.get(lead):
+                hint = (" (Debian carries it in the non-free component: add `contrib non-free "
+                        "non-free-firmware` to the node's apt sources and run apt-get update)")
+            return DriverPlan(error=f"the package index offers no {lead} on branch {request.branch}{hint}")
     packages: dict[str, str] = {}
     for name in userspace:
         found = _best(available.get(name, ()), version)

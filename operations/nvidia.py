@@ -98,7 +98,9 @@ def driver(
     Canonical's signed ``linux-modules-nvidia-<flavour>-<kernel>`` when they exist for the
     running kernel, else ``nvidia-dkms-<flavour>``. Retired branches whose packages are
     transitional are refused. Debian 12/13: ``nvidia-driver`` with ``nvidia-kernel-dkms`` or
-    ``nvidia-open-kernel-dkms`` (``nvidia-tesla-535-*`` for branch 535 on Debian 13). A node
+    ``nvidia-open-kernel-dkms`` (``nvidia-tesla-535-*`` for branch 535 on Debian 13) and the
+    running kernel's headers, which DKMS needs to build at all; when it built no module for the
+    running kernel the host fails (apt itself reports success in that case). A node
     without an NVIDIA GPU is skipped.
 
     **Example:**
@@ -131,10 +133,17 @@ def driver(
     to_hold = [name for name in plan.hold if name not in held]
     if to_install:
         yield _install(to_install)
+    loaded = facts["driver"]["kernel_module_version"]
+    built = same_driver(loaded, plan.version) or (_module_built_now() if to_install else facts["module_built"])
+    if plan.method == "dkms" and not built:
+        yield _fail(
+            f"NVIDIA driver {plan.version} is installed but DKMS built no nvidia module for kernel {info.kernel} "
+            "(see `dkms status` and /var/lib/dkms/*/*/build/make.log on the node)"
+        )
+        return
     if to_install or to_hold:
         yield _hold(plan.hold)
 
-    loaded = facts["driver"]["kernel_module_version"]
     needs_reboot = not same_driver(loaded, plan.version)
     if needs_reboot and reboot:
         yield from server.reboot._inner(delay=10, reboot_timeout=600)
@@ -148,6 +157,11 @@ def driver(
             )
         else:
             host.noop(f"NVIDIA driver {plan.version} is installed, held and loaded ({plan.method})")
+
+
+def _module_built_now() -> bool:
+    """After an install: does a module file exist for the running kernel (read again)?"""
+    return not state.is_executing or bool(host.get_fact(NvidiaHostState)["module_built"])
 
 
 def _check_loaded(plan: DriverPlan) -> Generator[Any, Any, None]:

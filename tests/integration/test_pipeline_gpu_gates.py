@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,8 @@ HOST_STATE = [
     "@@pci", "0000:41:00.0 0x030200 0x2331", "@@nvswitch", "@@module", "@@proc", "@@library", "@@smi",
     "@@fm_packages", "@@fm_unit", "active=inactive", "enabled=not-found", "@@packages",
     "hi \tnvidia-driver\t550.163.01-2", "hi \tfirmware-nvidia-gsp\t550.163.01-2",
-    "hi \tnvidia-kernel-dkms\t550.163.01-2", "ii \tlinux-headers-6.12.117+deb13-amd64\t6.12.117-1",
+    "hi \tnvidia-kernel-dkms\t550.163.01-2", "hi \tlinux-headers-6.12.117+deb13-amd64\t6.12.117-1",
+    "@@kmod", "/lib/modules/6.12.117+deb13-amd64/updates/dkms/nvidia-current.ko.xz",
 ]
 LOADED = fixture_output("nvidia.NvidiaDriver", "debian_renamed_modules")  # 550.163.01 loaded
 NOT_LOADED = fixture_output("nvidia.NvidiaDriver", "userspace_only_not_loaded")  # installed, reboot pending
@@ -45,7 +47,8 @@ NOT_LOADED = fixture_output("nvidia.NvidiaDriver", "userspace_only_not_loaded") 
 
 def fake_host(name: str, driver: list[str]) -> tuple[str, dict[str, Any]]:
     host_state = HOST_STATE[:12] + driver + HOST_STATE[16:]  # the driver sections of NvidiaHostState
-    responses = {  # longest commands first: a fact's command may contain another's
+    responses: dict[Any, Any] = {  # longest commands first: a fact's command may contain another's
+        re.compile(r">&2 && exit 1$"): {"success": False},  # operations' fail(): a failing command
         NvidiaHostState().command(): host_state,
         ContainerdNodeState().command(RUNTIME): (TESTS / "samples/containerd-node-state-1.7-converged.txt")
         .read_text().splitlines(),

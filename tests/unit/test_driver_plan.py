@@ -94,7 +94,7 @@ def test_ubuntu_retired_and_unsupported() -> None:
     assert "rocky" in plan_driver(HostInfo("rocky", "9.4", K), req(branch="580"), {}, {}).error
 
 
-def test_debian_needs_dkms_and_pins_each_package() -> None:
+def test_debian_needs_dkms_with_headers_and_pins_each_package() -> None:
     available = {
         "nvidia-driver": ["555.58.02-4", "550.163.01-5.1", "550.163.01-2"],
         "firmware-nvidia-gsp": ["550.163.01-2"],
@@ -106,7 +106,13 @@ def test_debian_needs_dkms_and_pins_each_package() -> None:
         "nvidia-driver": "550.163.01-5.1",
         "firmware-nvidia-gsp": "550.163.01-2",
         "nvidia-kernel-dkms": "550.163.01-2",
+        f"linux-headers-{DEBIAN.kernel}": "",  # the running kernel's, unpinned: DKMS builds nothing without
     }
+
+
+def test_debian_without_non_free_says_so() -> None:
+    error = plan_driver(DEBIAN, req(branch="550", allow_dkms=True), {}, {}).error
+    assert "no nvidia-driver on branch 550" in error and "non-free" in error
 
 
 def test_debian_branches_per_release() -> None:
