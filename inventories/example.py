@@ -9,9 +9,11 @@ _ssh = {
     # Host keys are checked against a known_hosts file you maintain; unknown keys are refused.
     "ssh_strict_host_key_checking": "yes",
     "ssh_known_hosts_file": "~/.ssh/known_hosts_gpu_nodes",
+    # Same on every host: the canary's containerd restarts first, then the rest in inventory order.
+    "gpunode_rollout_order": ["gpu-a100-01.example.internal"],
+    "gpunode_toolkit_version": "1.17.8-1",
 }
 
-# A canary node goes first; the rollout then takes the rest in inventory order.
 gpu_canary = (
     ["gpu-a100-01.example.internal"],
     {**_ssh, "gpunode_driver_version": "580.126.20"},

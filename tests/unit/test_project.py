@@ -97,3 +97,21 @@ def test_wheel_ships_templates_and_renders(tmp_path: Path) -> None:
     template_file, first_line = done.stdout.splitlines()
     assert template_file.startswith(str(target))
     assert first_line.startswith("# Managed by pyinfra-gpunode")
+
+
+@pytest.mark.parametrize("name", ["example.py"])  # vagrant.py needs running VMs
+def test_shipped_inventories_pass_host_data_validation(name: str) -> None:
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    from pyinfra_gpunode.rollout import rollout_order
+
+    with ctx_state.use(State()):
+        inventory = make_inventory(str(REPO / "inventories" / name), cwd=str(REPO))
+    hosts = list(inventory)
+    assert hosts
+    for host in hosts:
+        values = validate(host.data.dict())
+        rollout_order([other.name for other in hosts], values["gpunode_rollout_order"])
+        assert host.data.get("ssh_strict_host_key_checking") == "yes", host.name
