@@ -213,13 +213,16 @@ def test_driver_plan_dry_run_debian(node: Path) -> None:
         info = HostInfo("debian", facts["release"], installed_kernel(node), facts["arch"], False)
         request = check_request(DriverRequest(branch="550", flavor="default", allow_dkms=True))
         available = get_facts(state, NvidiaAptVersions, kwargs={"packages": wanted_names(info, request)})[host]
+        headers = f"linux-headers-{info.kernel}"
+        assert get_facts(state, NvidiaAptVersions, kwargs={"packages": [headers]})[host].get(headers)
     finally:
         disconnect_all(state)
     plan = plan_driver(info, request, {}, available)
     assert plan.error == ""
     assert plan.method == "dkms"
-    assert sorted(plan.packages) == ["firmware-nvidia-gsp", "nvidia-driver", "nvidia-kernel-dkms"]
+    assert sorted(plan.packages) == ["firmware-nvidia-gsp", headers, "nvidia-driver", "nvidia-kernel-dkms"]
     assert plan.version.startswith("550.")
+    assert plan.packages.pop(headers) == ""  # the running kernel's headers, as the index has them
     assert all(v.startswith(plan.version + "-") for v in plan.packages.values())
 
     refused = plan_driver(info, check_request(DriverRequest(branch="550", flavor="default")), {}, available)
