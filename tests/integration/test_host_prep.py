@@ -105,12 +105,15 @@ def sh(root: Path, command: str) -> str:
 
 def deploy(root: Path, *ops: tuple[Callable[..., Any], dict[str, Any]]) -> int:
     """Run ``ops`` on the root through pyinfra; return how many ops would change it (prepare pass)."""
-    name = f"@chroot/{root}"
-    inventory = Inventory(([name], {}))
+    return _run(Inventory(([f"@chroot/{root}"], {})), *ops)
+
+
+def _run(inventory: Inventory, *ops: tuple[Callable[..., Any], dict[str, Any]]) -> int:
+    """Run ``ops`` on the inventory's one host; return how many would change it (prepare pass)."""
     state = State(inventory=inventory, config=Config(FAIL_PERCENT=0), check_for_changes=True)
     connect_all(state)
     try:
-        host = inventory.get_host(name)
+        (host,) = inventory
         for op, kwargs in ops:
             add_op(state, op, **kwargs)
         changes = state.get_meta_for_host(host).ops_change
@@ -240,19 +243,7 @@ def fleet_deploy(fleet: Any, name: str, *ops: tuple[Callable[..., Any], dict[str
     import runpy
 
     hosts = runpy.run_path(str(fleet.inventory_path))["hosts"]
-    inventory = Inventory(([entry for entry in hosts if entry[0] == name], {}))
-    state = State(inventory=inventory, config=Config(FAIL_PERCENT=0), check_for_changes=True)
-    connect_all(state)
-    try:
-        host = inventory.get_host(name)
-        for op, kwargs in ops:
-            add_op(state, op, **kwargs)
-        changes = state.get_meta_for_host(host).ops_change
-        run_ops(state)
-        assert not state.failed_hosts, "an operation failed"
-        return int(changes)
-    finally:
-        disconnect_all(state)
+    return _run(Inventory(([entry for entry in hosts if entry[0] == name], {})), *ops)
 
 
 @pytest.mark.vm
