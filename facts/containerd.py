@@ -28,6 +28,7 @@ _UNIT_CONFIG = (
     "else if ($i ~ /^--config=/) print substr($i, 10) }}' | head -n 1); "
     f'cfg=${{cfg:-{DEFAULT_CONFIG}}}'
 )
+_CFG = '"$cfg"'  # the path _UNIT_CONFIG found, in later parts of the same command
 
 
 class ContainerdVersion(FactBase[ContainerdVersionInfo | None]):
@@ -379,7 +380,7 @@ class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
             marker("files"),
             ContainerdConfigFiles().command(),
             marker("dump"),
-            f"if {has_containerd}; then {_dump_script(chr(34) + '$cfg' + chr(34))}; fi",
+            f"if {has_containerd}; then {_dump_script(_CFG)}; fi",
             marker("binary"),
             f"if [ -e {shlex.quote(binary)} ]; then echo present; fi",
             marker("service"),
