@@ -8,10 +8,11 @@ From the CLI the deploy files call them; from Python::
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from pyinfra import host, state
-from pyinfra.api import deploy
+from pyinfra.api import State, deploy
 
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaGpus
 from pyinfra_gpunode.hostdata import HostDataError, validate
@@ -23,12 +24,22 @@ from pyinfra_gpunode.rollout import NodeReport, rollout_order
 def settings() -> dict[str, Any]:
     """This host's validated host data, with the rollout order checked against the inventory."""
     values = validate(host.data.dict())
-    inventory = list(state.inventory)
-    orders = {tuple(other.data.get("gpunode_rollout_order", [])) for other in inventory}
-    if len(orders) > 1:
-        raise HostDataError("host-data key 'gpunode_rollout_order' differs between hosts; set it once for all")
-    values["rollout_order"] = rollout_order([other.name for other in inventory], values["gpunode_rollout_order"])
+    values["rollout_order"] = _rollout_order(state._get_module())  # type: ignore[attr-defined]
     return values
+
+
+# Per run (State): the rollout order, worked out once from the whole inventory, not once per host.
+_ROLLOUT_ORDERS: weakref.WeakKeyDictionary[State, list[str]] = weakref.WeakKeyDictionary()
+
+
+def _rollout_order(run: State) -> list[str]:
+    if run not in _ROLLOUT_ORDERS:
+        inventory = list(run.inventory)
+        orders = {tuple(other.data.get("gpunode_rollout_order", [])) for other in inventory}
+        if len(orders) > 1:
+            raise HostDataError("host-data key 'gpunode_rollout_order' differs between hosts; set it once for all")
+        _ROLLOUT_ORDERS[run] = rollout_order([other.name for other in inventory], list(orders.pop()) if orders else [])
+    return _ROLLOUT_ORDERS[run]
 
 
 def _runtime(values: dict[str, Any]) -> dict[str, Any]:
@@ -43,13 +54,14 @@ def _runtime(values: dict[str, Any]) -> dict[str, Any]:
 
 
 @deploy("Register the nvidia runtime with containerd")
-def nvidia_runtime_registered() -> None:
+def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
     """
     Register the nvidia runtime with containerd. With ``gpunode_containerd_restart: rolling``
     each node's files are written at its turn and containerd restarted and verified one node at
     a time, in rollout order, halting at the first failure; with ``none`` files are only written.
+    ``values``: this host's ``settings()`` when the caller has them already.
     """
-    values = settings()
+    values = values or settings()
     if values["gpunode_containerd_restart"] == "rolling":
         rollout.nvidia_runtime_rolled_out(
             name="containerd: nvidia runtime rolled out one node at a time",
@@ -121,4 +133,4 @@ def gpu_node_prepared() -> None:
     else:
         _report().skipped.append("driver, Fabric Manager, toolkit, CDI: no NVIDIA GPU")
         logger.info("%sno NVIDIA GPU: driver, Fabric Manager, toolkit and CDI steps skipped", host.print_prefix)
-    nvidia_runtime_registered()
+    nvidia_runtime_registered(values=values)
