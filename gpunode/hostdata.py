@@ -6,11 +6,14 @@ README's host-data table is checked against ``KEYS`` by the tests.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 PREFIX = "gpunode_"
+MAX_RESTART_TIMEOUT = 3600
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class HostDataError(ValueError):
@@ -28,6 +31,8 @@ class Key:
     default: Any
     doc: str
     check: Callable[[Any], bool]
+    # A whole number stands for its digits (``--data gpunode_driver_branch=580`` parses to an int).
+    number_as_text: bool = False
 
 
 def _choice(*values: str) -> Callable[[Any], bool]:
@@ -67,10 +72,10 @@ KEYS: dict[str, Key] = {
         ),
         Key(
             "gpunode_restart_timeout",
-            "int",
+            f"int, 1 to {MAX_RESTART_TIMEOUT}",
             60,
             "seconds a restarted containerd may take until its CRI plugin reports",
-            lambda value: isinstance(value, int) and not isinstance(value, bool) and value > 0,
+            lambda value: isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_RESTART_TIMEOUT,
         ),
         Key(
             "gpunode_containerd_dropin_dir",
@@ -120,6 +125,7 @@ KEYS: dict[str, Key] = {
             None,
             "NVIDIA driver branch (`580`); the newest version of it is installed once, then pinned and held",
             lambda value: value is None or (isinstance(value, str) and value.isdigit() and len(value) == 3),
+            number_as_text=True,
         ),
         Key(
             "gpunode_driver_version",
@@ -127,6 +133,7 @@ KEYS: dict[str, Key] = {
             None,
             "exact NVIDIA driver version (`580.126.20`), pinned and held; implies the branch",
             lambda value: value is None or isinstance(value, str),
+            number_as_text=True,
         ),
         Key(
             "gpunode_driver_flavor",
@@ -200,6 +207,7 @@ KEYS: dict[str, Key] = {
             None,
             "NVIDIA Container Toolkit package version (`1.17.8-1`) for all four packages, pinned and held",
             lambda value: value is None or isinstance(value, str),
+            number_as_text=True,
         ),
         Key(
             "gpunode_toolkit_deb_dir",
@@ -226,11 +234,34 @@ def validate(data: Mapping[str, Any]) -> dict[str, Any]:
         raise HostDataError(f"unknown host-data key {unknown[0]!r} (known: {', '.join(sorted(KEYS))})")
     values = {}
     for name, key in KEYS.items():
-        value = data.get(name, key.default)
+        value = _from_command_line(key, data.get(name, key.default))
+        texts = value if isinstance(value, list) else [value]
+        if any(isinstance(text, str) and _CONTROL.search(text) for text in texts):
+            raise HostDataError(
+                f"host-data key {name!r} must not contain newlines or control characters, got {value!r}"
+            )
         if not key.check(value):
             raise HostDataError(f"host-data key {name!r} must be {key.kind}, got {value!r}")
         values[name] = value
     return values
+
+
+def _from_command_line(key: Key, value: Any) -> Any:
+    """A value pyinfra's ``--data`` parsed into a number, as the text it was where that is unambiguous.
+
+    ``--data k=580`` gives the int 580 (its digits are the text); ``--data k=580.10`` gives the
+    float 580.1, whose text is lost: refused, naming the key and how to quote it.
+    """
+    if not key.number_as_text or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        raise HostDataError(
+            f"host-data key {key.name!r} must be {key.kind}, got the number {value!r}, which may have lost "
+            f"digits (580.10 reads as 580.1): quote it, on the command line as --data '{key.name}=\"<value>\"'"
+        )
+    return value
 
 
 def markdown_table() -> str:

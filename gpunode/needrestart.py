@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 DEFAULT_KEEP = ("containerd", "kubelet")
-_UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@_.-]*$")
+_UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@_.-]*\Z")
 _RESTART = re.compile(r"""^\s*\$nrconf\{restart\}\s*=\s*['"](?P<mode>[a-z])['"]\s*;""")
 _OVERRIDE = re.compile(
     r"""^\s*(?:\$nrconf\{override_rc\}\{qr\((?P<rx>[^)]*)\)\}\s*=\s*0\s*;|qr\((?P<rx2>[^)]*)\)\s*=>\s*0\b)"""

@@ -10,7 +10,7 @@ DEFAULT_BLACKLIST = ("linux-", "nvidia-", "libnvidia-", "containerd", "cri-tools
 TIMERS = ("apt-daily-upgrade.timer", "apt-daily.timer")
 SERVICE = "unattended-upgrades.service"
 
-_PREFIX = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
+_PREFIX = re.compile(r"^[a-z0-9][a-z0-9.+-]*\Z")
 _DUMP = re.compile(r'^(?P<key>\S+)\s+"(?P<value>.*)";$')
 
 

@@ -38,7 +38,7 @@ TOOLKIT_KEY_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
 TOOLKIT_REPO_LINE = (
     f"deb [signed-by={TOOLKIT_KEYRING}] https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /\n"
 )
-_TOOLKIT_VERSION = re.compile(r"^\d+\.\d+\.\d+(?:-\d+)?$")
+_TOOLKIT_VERSION = re.compile(r"^\d+\.\d+\.\d+(?:-\d+)?\Z")
 
 
 def _install(packages: dict[str, str]) -> StringCommand:

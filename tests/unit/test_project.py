@@ -70,6 +70,48 @@ def test_host_data_defaults_are_valid_and_bad_values_are_named() -> None:
         validate({"gpunode_nvidia_runtime": "/x"})
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("gpunode_toolkit_version", "1.17.8-1\n"),  # would split the apt-get install command
+        ("gpunode_driver_version", "580.126.20\n"),
+        ("gpunode_driver_branch", "580\n"),
+        ("gpunode_unattended_blacklist", ["linux-", "nvidia-\n"]),  # would silently drop the entry
+        ("gpunode_needrestart_keep", ["containerd\r"]),
+        ("gpunode_nvidia_runtime_binary", "/usr/bin/nvidia-container-runtime\n"),
+        ("gpunode_cdi_spec_dirs", ["/etc/cdi", "/var/run/cdi\x00"]),
+        ("gpunode_rollout_order", ["node1\tnode2"]),
+        ("gpunode_toolkit_deb_dir", "/srv/debs\x1b[2J"),
+    ],
+)
+def test_host_data_strings_refuse_control_characters(key: str, value: object) -> None:
+    with pytest.raises(HostDataError, match=rf"'{key}' must not contain newlines or control characters, got .*\\"):
+        validate({key: value})
+
+
+def test_restart_timeout_is_bounded() -> None:
+    assert validate({"gpunode_restart_timeout": 3600})["gpunode_restart_timeout"] == 3600
+    for bad in (3601, 0, -5, True, "60"):
+        with pytest.raises(HostDataError, match=f"'gpunode_restart_timeout' must be int, 1 to 3600, got {bad!r}"):
+            validate({"gpunode_restart_timeout": bad})
+
+
+def test_numbers_from_the_command_line_where_unambiguous() -> None:
+    """``--data k=580`` parses to an int: its digits are the text; a float has lost its text."""
+    values = validate({"gpunode_driver_branch": 580, "gpunode_driver_version": 580, "gpunode_toolkit_version": 1})
+    assert (values["gpunode_driver_branch"], values["gpunode_driver_version"]) == ("580", "580")
+    assert values["gpunode_toolkit_version"] == "1"
+    with pytest.raises(HostDataError, match="'gpunode_driver_branch' must be str or null, got '5800'"):
+        validate({"gpunode_driver_branch": 5800})
+    for key in ("gpunode_driver_version", "gpunode_toolkit_version", "gpunode_driver_branch"):
+        with pytest.raises(HostDataError, match=rf"'{key}' .* got the number 580\.1, .* quote it.*--data '{key}="):
+            validate({key: 580.10})
+    for key, value in [("gpunode_driver_branch", True), ("gpunode_driver_flavor", 1), ("gpunode_cdi_spec_path", 1),
+                       ("gpunode_allow_dkms", 1), ("gpunode_unattended_blacklist", "linux-")]:  # fmt: skip
+        with pytest.raises(HostDataError, match=f"'{key}' must be"):
+            validate({key: value})
+
+
 def test_editable_install_finds_templates_in_the_checkout() -> None:
     templates = importlib.import_module("pyinfra_gpunode.templates.containerd")
     assert Path(templates.__file__).resolve().parent == REPO / "templates" / "containerd"
