@@ -184,13 +184,14 @@ def text(value):
     return value.decode() if isinstance(value, bytes) else value
 out = {"driver_version": None, "nvml_version": None, "cuda_driver_version": None, "devices": [], "error": None}
 try:
-    out["nvml_version"] = text(pynvml.nvmlSystemGetNVMLVersion())
-except Exception:
-    pass
-try:
     pynvml.nvmlInit()
 except pynvml.NVMLError as exc:
     out["error"] = type(exc).__name__.replace("NVMLError_", "")
+try:
+    out["nvml_version"] = text(pynvml.nvmlSystemGetNVMLVersion())
+except Exception:
+    pass
+if out["error"]:
     print(json.dumps(out))
     raise SystemExit(0)
 try:
