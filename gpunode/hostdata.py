@@ -219,8 +219,9 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_cdi_spec_path",
             "absolute path",
-            "/var/run/cdi/nvidia.yaml",
-            "CDI spec generated with nvidia-ctk when missing or not matching the loaded driver",
+            "/etc/cdi/nvidia.yaml",
+            "CDI spec generated with nvidia-ctk when missing, not matching the loaded driver or not listing every GPU "
+            "by index plus `all`; the default survives a reboot (`/var/run/cdi` is a tmpfs emptied at boot)",
             _abs_path,
         ),
     ]

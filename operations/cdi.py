@@ -1,4 +1,4 @@
-"""Keep the NVIDIA CDI spec in step with the loaded driver."""
+"""Keep the NVIDIA CDI spec in step with the loaded driver and the node's GPUs."""
 
 from __future__ import annotations
 
@@ -6,26 +6,45 @@ from collections.abc import Generator
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand, operation
 
 from pyinfra_gpunode.driver_versions import same_driver
-from pyinfra_gpunode.facts.cdi import CdiSpecs
-from pyinfra_gpunode.facts.nvidia import NvidiaDriver
+from pyinfra_gpunode.facts.cdi import CdiSpecs, missing_devices
+from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaGpus
+from pyinfra_gpunode.operations._atomic import fail
 
-DEFAULT_SPEC = "/var/run/cdi/nvidia.yaml"
+DEFAULT_SPEC = "/etc/cdi/nvidia.yaml"
+
+
+def refresh_reason(path: str, current: dict[str, Any] | None, loaded: str, gpu_count: int) -> str | None:
+    """Why the spec at ``path`` must be generated again, or None when it is current."""
+    if current is None:
+        return f"CDI spec {path} is missing; generating it for driver {loaded}"
+    if not same_driver(current["driver_version"], loaded):
+        return f"CDI spec {path} is for driver {current['driver_version']}, regenerating it for driver {loaded}"
+    missing = missing_devices(current, gpu_count)
+    if missing:
+        return (
+            f"CDI spec {path} lists no device {', '.join(missing)} for the node's {gpu_count} GPU(s) "
+            f"(it has {', '.join(current['devices']) or 'none'}); regenerating it"
+        )
+    return None
 
 
 @operation()
 def spec(path: str = DEFAULT_SPEC) -> Generator[Any, Any, None]:
     """
-    Generate the NVIDIA CDI spec with ``nvidia-ctk`` when it is missing or stale.
+    Generate the NVIDIA CDI spec with ``nvidia-ctk`` when it is missing, stale or incomplete.
 
-    + path: spec file to write (``/etc/cdi/…`` or ``/var/run/cdi/…``, ``.yaml``)
+    + path: spec file to write (``/etc/cdi/…`` or ``/var/run/cdi/…``, ``.yaml``); the default
+      ``/etc/cdi/nvidia.yaml`` survives a reboot, while ``/var/run/cdi`` is a tmpfs emptied at boot
 
-    A spec is stale when the driver version of its ``libnvidia-ml.so.<version>`` host paths
-    differs from the loaded kernel module. The spec is written to a temporary file next to
-    ``path`` and moved into place, so containers never see half a spec. Nodes without a
-    loaded NVIDIA driver are skipped.
+    The spec is current when the driver version of its ``libnvidia-ml.so.<version>`` host paths
+    (or ``--host-driver-version``) equals the loaded kernel module's, and it lists every GPU on
+    the node's PCI bus by index (``0``, ``1``, …) plus ``all``. It is written to a temporary file
+    next to ``path`` and moved into place, so containers never see half a spec. Nodes without a
+    loaded NVIDIA driver are skipped. A file at ``path`` that is not a CDI spec in YAML or JSON
+    fails the host naming the file, and nothing is written.
 
     **Example:**
 
@@ -34,21 +53,22 @@ def spec(path: str = DEFAULT_SPEC) -> Generator[Any, Any, None]:
         cdi.spec(name="CDI spec matches the driver")
     """
     if not path.startswith(("/etc/cdi/", "/var/run/cdi/")) or not path.endswith(".yaml") or ".." in path:
-        raise OperationValueError(f"path must be a .yaml file in /etc/cdi/ or /var/run/cdi/, got {path!r}")
+        yield fail(f"CDI spec path must be a .yaml file in /etc/cdi/ or /var/run/cdi/, got {path!r}")
+        return
 
     loaded = host.get_fact(NvidiaDriver)["kernel_module_version"]
     if not loaded:
         host.noop("no NVIDIA driver is loaded; CDI spec not generated")
         return
-    specs = {item["path"]: item for item in host.get_fact(CdiSpecs)}
-    current = specs.get(path)
-    if current is not None and same_driver(current["driver_version"], loaded):
-        host.noop(f"CDI spec {path} matches driver {loaded}")
+    current = {item["path"]: item for item in host.get_fact(CdiSpecs)}.get(path)
+    if current is not None and current["error"]:
+        yield fail(f"{current['error']}; move it away or fix it, then run again")
         return
-    if current is None:
-        reason = f"CDI spec {path} is missing; generating it for driver {loaded}"
-    else:
-        reason = f"CDI spec {path} is for driver {current['driver_version']}, regenerating it for driver {loaded}"
+    gpu_count = len(host.get_fact(NvidiaGpus)["gpus"])
+    reason = refresh_reason(path, current, loaded, gpu_count)
+    if reason is None:
+        host.noop(f"CDI spec {path} matches driver {loaded} and lists the node's {gpu_count} GPU(s) and all")
+        return
     tmp = f"{path}.gpunode-tmp"
     yield StringCommand("echo", QuoteString(reason))
     yield StringCommand("mkdir", "-p", QuoteString(path.rsplit("/", 1)[0]))
