@@ -393,11 +393,23 @@ TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
 TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 
 
+def primary_fingerprints(path: str) -> str:
+    """Shell printing the primary keys' fingerprints in the key file ``path`` (a shell word), one a line.
+
+    Subkeys are not listed. gpg runs in a throwaway home, so the node's own ``~/.gnupg`` is not created.
+    """
+    return (
+        f'gpghome=$(mktemp -d) && {{ gpg --homedir "$gpghome" --batch --show-keys --with-colons {path} 2>/dev/null '
+        '| awk -F: \'$1 == "pub" {want = 1} $1 == "sub" {want = 0} $1 == "fpr" && want {print $10; want = 0}\'; '
+        'rm -rf "$gpghome"; }'
+    )
+
+
 class NvidiaContainerToolkit(FactBase[dict[str, Any]]):
     """
     Returns the NVIDIA Container Toolkit state: ``nvidia-ctk --version``, its four packages
-    with versions and holds, where ``nvidia-container-runtime`` is, the fingerprints of the
-    repository keyring (needs ``gpg``) and the repository list file's content.
+    with versions and holds, where ``nvidia-container-runtime`` is, the primary-key fingerprints
+    of the repository keyring (needs ``gpg``; subkeys not listed) and the repository list file's content.
 
     .. code:: python
 
@@ -423,8 +435,7 @@ class NvidiaContainerToolkit(FactBase[dict[str, Any]]):
                 "command -v nvidia-container-runtime || true",
                 marker("keyring"),
                 f"if [ -f {TOOLKIT_KEYRING} ] && command -v gpg >/dev/null 2>&1; then "
-                f"gpg --show-keys --with-colons {TOOLKIT_KEYRING} 2>/dev/null "
-                "| awk -F: '$1 == \"fpr\" {print $10}'; fi",
+                f"{primary_fingerprints(TOOLKIT_KEYRING)}; fi",
                 f"if [ -f {TOOLKIT_LIST} ]; then {marker('list')}; cat {TOOLKIT_LIST}; fi",
             ]
         )

@@ -29,6 +29,7 @@ from pyinfra_gpunode.facts.nvidia import (
     NvidiaContainerToolkit,
     NvidiaDriver,
     NvidiaHostState,
+    primary_fingerprints,
 )
 from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._atomic import write_file
@@ -274,15 +275,20 @@ def container_toolkit(
             host.noop(f"NVIDIA Container Toolkit {packages['nvidia-container-toolkit']} is installed")
         return
 
+    # A keyring with any key but exactly the pinned one lets that key sign the repository: replaced.
+    keyring_wrong = source == "repository" and toolkit["keyring_fingerprints"] not in ([], [TOOLKIT_FINGERPRINT])
+    if keyring_wrong:
+        yield StringCommand(keyring_script())
     if versions_ok and all(n in held for n in TOOLKIT_PACKAGES) and toolkit["runtime_binary"]:
-        host.noop(f"NVIDIA Container Toolkit {packages['nvidia-container-toolkit']} is installed and held")
+        if not keyring_wrong:
+            host.noop(f"NVIDIA Container Toolkit {packages['nvidia-container-toolkit']} is installed and held")
         return
 
     if not versions_ok:
         if source == "repository":
             assert version is not None
-            if TOOLKIT_FINGERPRINT not in toolkit["keyring_fingerprints"]:
-                yield StringCommand(_KEYRING_SCRIPT)
+            if not toolkit["keyring_fingerprints"]:
+                yield StringCommand(keyring_script())
             if toolkit["repo_list"] != TOOLKIT_REPO_LINE:
                 yield from write_file(TOOLKIT_LIST, TOOLKIT_REPO_LINE)
             yield StringCommand("apt-get", "update")
@@ -293,16 +299,29 @@ def container_toolkit(
     yield _hold(list(TOOLKIT_PACKAGES))
 
 
-_KEYRING_SCRIPT = (
-    "set -e; tmp=$(mktemp -d); trap 'rm -rf \"$tmp\"' EXIT; "
-    f'curl -fsSL {TOOLKIT_KEY_URL} -o "$tmp/key"; '
-    'fpr=$(gpg --show-keys --with-colons "$tmp/key" | awk -F: \'$1 == "fpr" {print $10; exit}\'); '
-    f'if [ "$fpr" != {TOOLKIT_FINGERPRINT} ]; then '
-    f'echo "toolkit repository key has fingerprint $fpr, expected {TOOLKIT_FINGERPRINT}" >&2; exit 1; fi; '
-    'gpg --dearmor < "$tmp/key" > "$tmp/keyring.gpg"; '
-    f'install -m 644 -o root -g root "$tmp/keyring.gpg" {TOOLKIT_KEYRING}.tmp; '
-    f"mv {TOOLKIT_KEYRING}.tmp {TOOLKIT_KEYRING}"
-)
+def keyring_script(
+    fingerprint: str = TOOLKIT_FINGERPRINT, url: str = TOOLKIT_KEY_URL, keyring: str = TOOLKIT_KEYRING
+) -> str:
+    """Shell that downloads the key file at ``url`` and writes exactly the key ``fingerprint`` to ``keyring``.
+
+    The key file is imported into a throwaway gpg home and only the pinned key is exported from it,
+    so other keys in the file never reach the keyring; it fails naming what the file holds when the
+    pinned key is not among them.
+    """
+    holds, exported = primary_fingerprints('"$tmp/key"'), primary_fingerprints('"$tmp/keyring.gpg"')
+    return (
+        'set -e; tmp=$(mktemp -d); trap \'rm -rf "$tmp"\' EXIT; mkdir -m 700 "$tmp/gnupg"; '
+        f'curl -fsSL {shlex.quote(url)} -o "$tmp/key"; '
+        'gpg --homedir "$tmp/gnupg" --batch --quiet --import "$tmp/key"; '
+        f'gpg --homedir "$tmp/gnupg" --batch --export --export-options export-minimal {fingerprint} '
+        '> "$tmp/keyring.gpg"; '
+        f"found=$({exported}); "
+        f'if [ "$found" != {fingerprint} ]; then '
+        f'echo "toolkit repository key file {url} holds no key {fingerprint} (it holds: $({holds} | xargs))" >&2; '
+        "exit 1; fi; "
+        f'install -m 644 -o root -g root "$tmp/keyring.gpg" {shlex.quote(keyring + ".tmp")}; '
+        f"mv {shlex.quote(keyring + '.tmp')} {shlex.quote(keyring)}"
+    )
 
 
 def _install_debs(deb_dir: str, version: str | None) -> StringCommand:
