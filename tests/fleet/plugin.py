@@ -4,7 +4,7 @@
   with systemd-nspawn once per session;
 - ``vm_fleet``: vm1 (trixie) under qemu, for tests that need a kernel of their own;
 - ``fleet_factory(specs, name)``: any other fleet, e.g. ``[HostSpec("b1", "bookworm")]``;
-- ``verify(fleet, checks, hosts)``: run the verification suite (tests/verify) against a fleet.
+- ``verify(fleet, checks, hosts)``: run the shipped verification suite (``pyinfra_gpunode.verify``) against a fleet.
 
 A fleet that was already up when the session started (``python -m tests.fleet up``) is used and
 left up; one the session booted is torn down at its end. A machine that cannot run the fleet
@@ -19,7 +19,6 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
-from pathlib import Path
 
 import pytest
 
@@ -28,7 +27,6 @@ from .fleet import DEFAULT_HOSTS, Fleet, HostSpec
 from .paths import cache_dir
 
 SKIP_VARIABLE = "GPUNODE_SKIP_FLEET"
-VERIFY_SUITE = Path(__file__).resolve().parent.parent / "verify"
 
 FleetFactory = Callable[[Sequence[HostSpec], str], Fleet]
 Verify = Callable[..., subprocess.CompletedProcess[str]]
@@ -77,15 +75,19 @@ def vm_fleet(fleet_factory: FleetFactory) -> Fleet:
 
 
 @pytest.fixture(scope="session")
-def verify() -> Verify:
-    """Run tests/verify against a fleet in a pytest of its own; returns the finished process."""
+def verify(tmp_path_factory: pytest.TempPathFactory) -> Verify:
+    """Run the installed ``pyinfra_gpunode.verify`` against a fleet in a pytest of its own, started outside
+    the checkout as a user would; returns the finished process."""
+    outside = tmp_path_factory.mktemp("verify-cwd")
 
-    def run(fleet: Fleet, checks: str = "containerd", hosts: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    def run(
+        fleet: Fleet, checks: str = "containerd", hosts: Sequence[str] = (), python: str = sys.executable
+    ) -> subprocess.CompletedProcess[str]:
         selection = ["-k", " or ".join(f"[{name}]" for name in hosts)] if hosts else []
         command = [
-            sys.executable, "-m", "pytest", str(VERIFY_SUITE), "--inventory", str(fleet.inventory_path),
+            python, "-m", "pytest", "--pyargs", "pyinfra_gpunode.verify", "--inventory", str(fleet.inventory_path),
             f"--gpunode-checks={checks}", "-p", "no:cacheprovider", "-v", *selection,
         ]
-        return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=VERIFY_SUITE.parent.parent)
+        return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=outside)
 
     return run

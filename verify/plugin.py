@@ -1,9 +1,9 @@
-"""Verification of ready GPU nodes, run against a pyinfra inventory:
+"""pytest plugin of the verification suite (registered through the ``pytest11`` entry point).
 
-    pytest tests/verify --inventory inventories/production.py [--gpunode-checks=containerd,host,gpu]
+    pytest --pyargs pyinfra_gpunode.verify --inventory inventories/production.py [--gpunode-checks=containerd,gpu,host]
 
-Without ``--inventory`` these tests are deselected (they describe the user's nodes, not this
-repository's code).
+Its hooks act only on the suite's own tests; without ``--inventory`` those are deselected (they
+describe the user's nodes, not this package's code).
 """
 
 from __future__ import annotations
@@ -11,17 +11,19 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from .inventory import Node, load_nodes
+if TYPE_CHECKING:
+    from .inventory import Node
 
 CHECKS = ("containerd", "gpu", "host")
-VERIFY_DIR = Path(__file__).parent
+VERIFY_DIR = Path(__file__).resolve().parent
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("gpunode", "verification of GPU nodes")
+    group = parser.getgroup("gpunode", "verification of GPU nodes (pyinfra_gpunode.verify)")
     group.addoption("--inventory", help="pyinfra inventory (.py) of the nodes to verify")
     group.addoption(
         "--gpunode-checks", default=",".join(CHECKS),
@@ -29,15 +31,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def _inventory(config: pytest.Config) -> str | None:
-    try:
-        return config.getoption("inventory")
-    except ValueError:  # options of a conftest found only while collecting are not parsed
-        return None
+def _in_suite(path: Path) -> bool:
+    return VERIFY_DIR in Path(path).resolve().parents
 
 
 def _selected_checks(config: pytest.Config) -> set[str]:
-    selected = {c.strip() for c in config.getoption("gpunode_checks", ",".join(CHECKS)).split(",") if c.strip()}
+    selected = {c.strip() for c in config.getoption("gpunode_checks").split(",") if c.strip()}
     unknown = selected - set(CHECKS)
     if unknown:
         raise pytest.UsageError(f"--gpunode-checks: unknown {', '.join(sorted(unknown))} (known: {', '.join(CHECKS)})")
@@ -45,13 +44,11 @@ def _selected_checks(config: pytest.Config) -> set[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    inventory = _inventory(config)
+    inventory = config.getoption("inventory")
     selected = _selected_checks(config) if inventory else set()
     keep, drop = [], []
     for item in items:
-        if VERIFY_DIR not in item.path.parents:
-            keep.append(item)
-        elif item.path.stem.removeprefix("test_") in selected:
+        if not _in_suite(item.path) or item.path.stem.removeprefix("test_") in selected:
             keep.append(item)
         else:
             drop.append(item)
@@ -60,17 +57,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    inventory = _inventory(config)
+def pytest_report_header(config: pytest.Config) -> str | None:
+    inventory = config.getoption("inventory")
     if inventory is None:
-        return "gpunode verification: deselected (no --inventory)"
+        return None
     return f"gpunode verification: {inventory}, checks {','.join(sorted(_selected_checks(config)))}"
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "node" not in metafunc.fixturenames:
+    if "node" not in metafunc.fixturenames or not _in_suite(metafunc.definition.path):
         return
-    inventory = _inventory(metafunc.config)
+    inventory = metafunc.config.getoption("inventory")
     nodes = _nodes(metafunc.config, Path(inventory)) if inventory else []
     metafunc.parametrize("node", nodes, ids=[node.name for node in nodes], scope="session")
 
@@ -78,6 +75,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def _nodes(config: pytest.Config, inventory: Path) -> list[Node]:
     cached: list[Node] | None = getattr(config, "_gpunode_nodes", None)
     if cached is None:
+        from .inventory import load_nodes  # testinfra and pyinfra's CLI only when nodes are verified
+
         directory = tempfile.mkdtemp(prefix="gpunode-verify-")
         config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
         cached = load_nodes(inventory, Path(directory) / "ssh_config")

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from pyinfra.api import FactBase
+
+from pyinfra_gpunode.facts.nvidia import NvidiaGpus
 
 from .inventory import Node
 
@@ -21,5 +24,9 @@ def read_fact(node: Node, fact_class: type[FactBase[Any]], **arguments: Any) -> 
     return fact.process(lines) if lines else fact.default()
 
 
-def has_gpu(node: Node) -> bool:
-    return bool(node.host.file("/sys/module/nvidia").is_directory)
+def gpu_count(node: Node) -> int:
+    """NVIDIA GPUs on the node's PCI bus; skips the calling check on a node without any."""
+    count = len(read_fact(node, NvidiaGpus)["gpus"])
+    if not count:
+        pytest.skip(f"{node.name}: no NVIDIA GPU on the PCI bus")
+    return count
