@@ -74,7 +74,8 @@ class KernelState(FactBase[dict[str, Any]]):
                 marker("packages"),
                 dpkg_query("linux-*"),
                 marker("held"),
-                "apt-mark showhold 2>/dev/null || true",
+                # Without the cache options apt-mark writes /var/cache/apt/*.bin when they are missing.
+                "apt-mark -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= showhold 2>/dev/null || true",
                 marker("boot"),
                 'for link in /vmlinuz /boot/vmlinuz; do if [ -L "$link" ]; then readlink "$link"; fi; done',
                 SECURE_BOOT_SCRIPT,
@@ -132,35 +133,54 @@ class KernelSecureBoot(FactBase[Any]):
         return parse_secure_boot(split_sections(output).get("secureboot", []))
 
 
+INITRAMFS_STAMPS = "/var/lib/pyinfra-gpunode/initramfs"
+
+
+def initramfs_stamp(path: str) -> str:
+    """Where the blacklist text the initramfs was last regenerated with is kept, for the modprobe.d file ``path``."""
+    return f"{INITRAMFS_STAMPS}/{path.rsplit('/', 1)[-1]}"
+
+
 class NouveauBlacklist(FactBase[dict[str, Any]]):
     """
-    Returns the content of a modprobe.d file meant to blacklist nouveau (None when absent)
-    and whether nouveau is loaded now.
+    Returns the content of a modprobe.d file meant to blacklist nouveau (None when absent),
+    the blacklist text the initramfs was last regenerated with (None when it never was, or the
+    regeneration failed), and whether nouveau is loaded now.
 
     .. code:: python
 
-        {"content": "blacklist nouveau\\noptions nouveau modeset=0\\n", "loaded": False}
+        {
+            "content": "blacklist nouveau\\noptions nouveau modeset=0\\n",
+            "initramfs": "blacklist nouveau\\noptions nouveau modeset=0\\n",
+            "loaded": False,
+        }
     """
 
     @override
     def command(self, path: str) -> str:
+        stamp = shlex.quote(initramfs_stamp(path))
         return "; ".join(
             [
                 marker("nouveau"),
                 "if [ -d /sys/module/nouveau ]; then echo loaded; fi",
+                f"if [ -f {stamp} ]; then {marker('initramfs')}; cat {stamp}; fi",
                 f"if [ -f {shlex.quote(path)} ]; then {marker('content')}; cat {shlex.quote(path)}; fi",
             ]
         )
 
     @staticmethod
     def default() -> dict[str, Any]:
-        return {"content": None, "loaded": False}
+        return {"content": None, "initramfs": None, "loaded": False}
 
     @override
     def process(self, output: list[str]) -> dict[str, Any]:
         sections = split_sections(output)
-        content = sections.get("content")
+
+        def text(name: str) -> str | None:
+            return None if name not in sections else "\n".join(sections[name]) + "\n"
+
         return {
-            "content": None if content is None else "\n".join(content) + "\n",
+            "content": text("content"),
+            "initramfs": text("initramfs"),
             "loaded": any(line.strip() == "loaded" for line in sections.get("nouveau", [])),
         }

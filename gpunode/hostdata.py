@@ -239,12 +239,21 @@ def validate(data: Mapping[str, Any]) -> dict[str, Any]:
         texts = value if isinstance(value, list) else [value]
         if any(isinstance(text, str) and _CONTROL.search(text) for text in texts):
             raise HostDataError(
-                f"host-data key {name!r} must not contain newlines or control characters, got {value!r}"
+                f"host-data key {name!r} must not contain newlines or control characters, got {_visible(value)}"
             )
         if not key.check(value):
             raise HostDataError(f"host-data key {name!r} must be {key.kind}, got {value!r}")
         values[name] = value
     return values
+
+
+def _visible(value: Any) -> str:
+    """``value`` as Python writes it, control characters shown as ``<U+000A>`` (no backslash for a shell to eat)."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_visible(item) for item in value) + "]"
+    if isinstance(value, str):
+        return "'" + _CONTROL.sub(lambda match: f"<U+{ord(match.group()):04X}>", value) + "'"
+    return repr(value)
 
 
 def _from_command_line(key: Key, value: Any) -> Any:

@@ -13,11 +13,12 @@ from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import State, deploy
+from pyinfra.facts.server import LinuxDistribution
 
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaGpus
 from pyinfra_gpunode.hostdata import HostDataError, validate
 from pyinfra_gpunode.log import logger
-from pyinfra_gpunode.operations import cdi, containerd, kernel, nvidia, rollout, unattended_upgrades
+from pyinfra_gpunode.operations import cdi, containerd, distribution, kernel, nvidia, rollout, unattended_upgrades
 from pyinfra_gpunode.rollout import NodeReport, rollout_order
 
 
@@ -100,6 +101,9 @@ def gpu_node_prepared() -> None:
     Manager, the container toolkit and the CDI spec; last the containerd runtime, rolled out
     one node at a time, and a per-node summary.
     """
+    if distribution.refusal(host.get_fact(LinuxDistribution)["release_meta"]):
+        distribution.supported(name="distribution: supported")  # fails the node before any change
+        return
     values = settings()
     kernel.held(name="kernel: held", present=values["gpunode_kernel_hold"])
     unattended_upgrades.configured(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Generator
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 
-from pyinfra_gpunode.facts.kernel import KernelState, NouveauBlacklist
+from pyinfra_gpunode.facts.kernel import KernelState, NouveauBlacklist, initramfs_stamp
 from pyinfra_gpunode.kernel_plan import kernel_packages
 from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._atomic import write_file
@@ -81,12 +82,15 @@ def held(release: str | None = None, present: bool = True) -> Generator[Any, Any
 @operation()
 def nouveau_blacklisted(path: str = NOUVEAU_CONF) -> Generator[Any, Any, None]:
     """
-    Blacklist the nouveau driver; regenerate the initramfs (``update-initramfs`` or ``dracut``,
-    where installed) only when the blacklist changed.
+    Blacklist the nouveau driver and regenerate the initramfs (``update-initramfs`` or
+    ``dracut``, where installed) until it was built with this blacklist.
 
     + path: modprobe.d file that carries the blacklist
 
-    When nouveau is still loaded, a reboot is needed: the operation reports it in
+    A successful regeneration is recorded as a copy of the blacklist in
+    ``/var/lib/pyinfra-gpunode/initramfs/``; when the regeneration failed (or never ran) the
+    next run regenerates again, even though the blacklist file already matches. When nouveau
+    is still loaded, a reboot is needed: the operation reports it in
     ``/var/run/reboot-required`` (as Debian and Ubuntu packages do) and in its noop message.
 
     **Example:**
@@ -95,17 +99,24 @@ def nouveau_blacklisted(path: str = NOUVEAU_CONF) -> Generator[Any, Any, None]:
 
         kernel.nouveau_blacklisted(name="Keep nouveau off the GPUs")
     """
-    if not path.startswith("/etc/modprobe.d/") or not path.endswith(".conf"):
+    if not path.startswith("/etc/modprobe.d/") or not path.endswith(".conf") or "\n" in path:
         raise OperationValueError(f"path must be a .conf file in /etc/modprobe.d/, got {path!r}")
 
     state = host.get_fact(NouveauBlacklist, path=path)
-    if state["content"] == NOUVEAU_TEXT:
+    if state["content"] == NOUVEAU_TEXT and state["initramfs"] == NOUVEAU_TEXT:
         if state["loaded"]:
             host.noop("nouveau is blacklisted; it is still loaded until the node reboots (reboot required)")
         else:
             host.noop("nouveau is blacklisted")
         return
-    yield from write_file(path, NOUVEAU_TEXT)
-    yield StringCommand(REGENERATE_INITRAMFS)
+    if state["content"] != NOUVEAU_TEXT:
+        yield from write_file(path, NOUVEAU_TEXT)
+    stamp = initramfs_stamp(path)
+    # The stamp is written only after a successful regeneration: a failed one is retried next run.
+    yield StringCommand(
+        REGENERATE_INITRAMFS, "&&", "mkdir", "-p", QuoteString(posixpath.dirname(stamp)),
+        "&&", "cp", QuoteString(path), QuoteString(f"{stamp}.gpunode-new"),
+        "&&", "mv", "-f", QuoteString(f"{stamp}.gpunode-new"), QuoteString(stamp),
+    )  # fmt: skip
     if state["loaded"]:
         yield StringCommand(REBOOT_REQUIRED)

@@ -14,6 +14,7 @@ from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.operations import run_ops
+from pyinfra.facts.server import LinuxDistribution
 
 from pyinfra_gpunode.facts.cdi import CdiSpecs
 from pyinfra_gpunode.facts.containerd import ContainerdNodeState
@@ -61,6 +62,7 @@ def fake_host(name: str, driver: list[str]) -> tuple[str, dict[str, Any]]:
             "unattended_upgrades.UnattendedUpgradesState", "debian_trixie_default"
         ),
         NouveauBlacklist().command(NOUVEAU_CONF): fixture_output("kernel.NouveauBlacklist", "absent"),
+        LinuxDistribution().command(): ["/etc/os-release", "ID=debian", 'VERSION_ID="13"', "---"],
     }
     data = {
         "fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0,

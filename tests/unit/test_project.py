@@ -74,6 +74,7 @@ def test_host_data_defaults_are_valid_and_bad_values_are_named() -> None:
     ("key", "value"),
     [
         ("gpunode_toolkit_version", "1.17.8-1\n"),  # would split the apt-get install command
+        ("gpunode_toolkit_version", "1.17.8-1\u0085"),  # a C1 control character
         ("gpunode_driver_version", "580.126.20\n"),
         ("gpunode_driver_branch", "580\n"),
         ("gpunode_unattended_blacklist", ["linux-", "nvidia-\n"]),  # would silently drop the entry
@@ -85,8 +86,14 @@ def test_host_data_defaults_are_valid_and_bad_values_are_named() -> None:
     ],
 )
 def test_host_data_strings_refuse_control_characters(key: str, value: object) -> None:
-    with pytest.raises(HostDataError, match=rf"'{key}' must not contain newlines or control characters, got .*\\"):
+    with pytest.raises(HostDataError, match=rf"'{key}' must not contain newlines or control characters, got .*<U\+00"):
         validate({key: value})
+    message = ""
+    try:
+        validate({key: value})
+    except HostDataError as error:
+        message = str(error)
+    assert "\\" not in message  # a shell's echo would turn a backslash sequence into the character again
 
 
 def test_restart_timeout_is_bounded() -> None:
