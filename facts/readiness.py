@@ -1,0 +1,146 @@
+"""Facts about a GPU node's readiness: the kernel log's Xid lines, containerd's signal restarts, the GPU
+Operator's validation markers and the device plugin socket, and everything else the chain needs in one read."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from pyinfra_gpunode.facts.cdi import CdiSpecs
+from pyinfra_gpunode.facts.containerd import ContainerdCriLoaded, ContainerdNodeState
+from pyinfra_gpunode.facts.nvidia import NvidiaContainerToolkit, NvidiaHostState, NvmlInfo
+from pyinfra_gpunode.readiness import DEVICE_PLUGIN_DIR, VALIDATIONS_DIR
+
+PART = "@@gpunode-readiness:"
+_HAS = "command -v {} >/dev/null 2>&1"
+_JOURNAL = "journalctl --no-pager -q -o short-iso-precise"
+
+XID_SCRIPT = (
+    f"if {_HAS.format('journalctl')} && [ -n \"$(journalctl -k -b -n 1 --no-pager -q 2>/dev/null)\" ]; then "
+    f"echo source=journal; {_JOURNAL} -k -b; "
+    "elif dmesg >/dev/null 2>&1; then echo source=dmesg; dmesg; fi | "
+    "awk '/^source=/ {print; next} /NVRM: Xid/ {n++; last[n] = $0} "
+    'END {print "count=" n + 0; for (i = (n > 10 ? n - 9 : 1); i <= n; i++) print last[i]}\''
+)
+SIGNALS_SCRIPT = (
+    f"if {_HAS.format('journalctl')}; then echo journal; {_JOURNAL} -u containerd.service -b --since -24h | "
+    "grep -E 'Sent signal SIG[A-Z0-9+]* to main process|Main process exited, code=(killed|dumped)|"
+    "Scheduled restart job' | tail -n 200; fi"
+)
+VALIDATIONS_SCRIPT = (
+    f"if [ -d {VALIDATIONS_DIR} ]; then echo dir; "
+    f"for f in {VALIDATIONS_DIR}/*; do if [ -e \"$f\" ]; then echo \"${{f##*/}}\"; fi; done; fi"
+)
+DEVICE_PLUGIN_SCRIPT = (
+    f"if [ -d {DEVICE_PLUGIN_DIR} ]; then echo dir; "
+    f"for s in {DEVICE_PLUGIN_DIR}/nvidia-*.sock; do if [ -S \"$s\" ]; then echo \"${{s##*/}}\"; fi; done; fi"
+)
+
+_SIGNAL = re.compile(r"Sent signal (SIG[A-Z0-9+]+) to main process|code=(?:killed|dumped), status=\d+/(\w+)")
+
+
+def parse_xid(lines: list[str]) -> dict[str, Any]:
+    source = next((line.partition("=")[2] for line in lines if line.startswith("source=")), None)
+    count = next((int(line.partition("=")[2]) for line in lines if line.startswith("count=")), 0)
+    return {
+        "source": source or None,
+        "count": count,
+        "lines": [line for line in lines if "NVRM: Xid" in line],
+    }
+
+
+def parse_containerd_journal(lines: list[str]) -> dict[str, Any] | None:
+    """Signals sent to containerd's main process and systemd's automatic restarts, oldest first."""
+    if "journal" not in lines:
+        return None
+    signals, restarts = [], []
+    for line in lines:
+        moment = line.split(" ", 1)[0]
+        match = _SIGNAL.search(line)
+        if match:
+            name = match.group(1) or match.group(2)
+            signals.append({"time": moment, "signal": name if name.startswith("SIG") else f"SIG{name}"})
+        elif "Scheduled restart job" in line:
+            restarts.append(moment)
+    return {"signals": signals, "restarts": restarts}
+
+
+def parse_listing(lines: list[str]) -> list[str] | None:
+    """``dir`` then names: the names, or None when the directory does not exist."""
+    if "dir" not in lines:
+        return None
+    return sorted(line.strip() for line in lines if line.strip() and line != "dir")
+
+
+class NodeReadiness(FactBase[dict[str, Any]]):
+    """
+    Returns in one command everything the readiness chain reads: ``NvidiaHostState`` (PCI,
+    driver, Fabric Manager), ``NvmlInfo``, ``NvidiaContainerToolkit``, ``CdiSpecs``,
+    ``ContainerdNodeState`` and ``ContainerdCriLoaded`` (each as those facts return it; ``cri``
+    is None without a journal), plus the kernel log's ``NVRM: Xid`` lines since boot (journal,
+    else ``dmesg``; ``source`` None when neither is readable), the signals sent to containerd and
+    systemd's automatic restarts of it in the last 24 hours of this boot, the GPU Operator
+    validator's markers in ``/run/nvidia/validations`` (None when it has not run) and the NVIDIA
+    device plugin sockets in ``/var/lib/kubelet/device-plugins`` (None without that directory).
+
+    + binary: path of the nvidia runtime binary
+
+    .. code:: python
+
+        {
+            "host": {"pci": {"gpus": [...], ...}, "driver": {...}, "fabric_manager": {...}, ...},
+            "nvml": {"driver_version": "580.159.04", "error": None, ...},
+            "toolkit": {"ctk_version": "1.17.8", ...},
+            "cdi": [{"path": "/etc/cdi/nvidia.yaml", "driver_version": "580.159.04", ...}],
+            "containerd": {"version": {...}, "files": {...}, "dump": {...}, "service": {...}, ...},
+            "cri": {"loaded": True, "runtimes": ["nvidia", "runc"], ...},
+            "xid": {"source": "journal", "count": 0, "lines": []},
+            "containerd_journal": {"signals": [{"time": "2026-12-01T00:45:12.4+00:00",
+                                                "signal": "SIGHUP"}], "restarts": ["..."]},
+            "validations": ["driver-ready", "toolkit-ready"],
+            "device_plugin": ["nvidia-gpu.sock"],
+        }
+    """
+
+    @override
+    def command(self, binary: str) -> str:
+        parts = {
+            "host": NvidiaHostState().command(),
+            "nvml": NvmlInfo().command(),
+            "toolkit": NvidiaContainerToolkit().command(),
+            "cdi": CdiSpecs().command(),
+            "containerd": ContainerdNodeState().command(binary),
+            "cri": f"if {_HAS.format('journalctl')} && {_HAS.format('systemctl')}; then echo journal; "
+            f"{ContainerdCriLoaded().command()}; fi",
+            "xid": XID_SCRIPT,
+            "containerd_journal": SIGNALS_SCRIPT,
+            "validations": VALIDATIONS_SCRIPT,
+            "device_plugin": DEVICE_PLUGIN_SCRIPT,
+        }
+        return "; ".join(f"echo '{PART}{name}'; {script}" for name, script in parts.items()) + "; true"
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        parts: dict[str, list[str]] = {}
+        current: list[str] = []
+        for line in output:
+            if line.startswith(PART):
+                current = parts.setdefault(line.removeprefix(PART), [])
+            else:
+                current.append(line)
+        cri = parts.get("cri", [])
+        return {
+            "host": NvidiaHostState().process(parts.get("host", [])),
+            "nvml": NvmlInfo().process(parts.get("nvml", [])),
+            "toolkit": NvidiaContainerToolkit().process(parts.get("toolkit", [])),
+            "cdi": CdiSpecs().process(parts.get("cdi", [])),
+            "containerd": ContainerdNodeState().process(parts.get("containerd", [])),
+            "cri": ContainerdCriLoaded().process(cri[1:]) if cri[:1] == ["journal"] else None,
+            "xid": parse_xid(parts.get("xid", [])),
+            "containerd_journal": parse_containerd_journal(parts.get("containerd_journal", [])),
+            "validations": parse_listing(parts.get("validations", [])),
+            "device_plugin": parse_listing(parts.get("device_plugin", [])),
+        }

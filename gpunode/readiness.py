@@ -1,0 +1,596 @@
+"""Readiness of a GPU node: the chain from PCI device to device plugin, each link's state, and for
+the first broken link its cause and fix (no I/O).
+
+The input is what ``pyinfra_gpunode.facts.readiness.NodeReadiness`` returns. A node is ready when
+no link is broken; ``unknown`` links (nothing to read them from) do not make it unready.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, RUNTIME
+from pyinfra_gpunode.driver_versions import same_driver, upstream_version
+
+OK, BROKEN, NOT_APPLICABLE, UNKNOWN = "ok", "broken", "n/a", "unknown"
+VALIDATIONS_DIR = "/run/nvidia/validations"
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+# Xid codes NVIDIA's catalogue attributes to the application, not the GPU or the node.
+WORKLOAD_XIDS = frozenset({13, 31, 43, 45})
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[^)]*)\): (?P<code>\d+)")
+RUNTIME_DEPLOY = "pyinfra -y INVENTORY deploys/containerd_runtime.py"
+
+
+@dataclass
+class Link:
+    """One link of the chain: its state, what was found, and (when broken) why and what to do."""
+
+    id: str
+    title: str
+    state: str
+    detail: str
+    cause: str | None = None
+    fix: str | None = None
+
+
+@dataclass
+class NodeReadiness:
+    node: str
+    links: list[Link]
+    versions: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def first_broken(self) -> Link | None:
+        return next((link for link in self.links if link.state == BROKEN), None)
+
+    @property
+    def ready(self) -> bool:
+        return self.first_broken is None
+
+    def as_dict(self) -> dict[str, Any]:
+        first = self.first_broken
+        return {
+            "node": self.node,
+            "ready": self.ready,
+            "first_broken": first.id if first else None,
+            "cause": first.cause if first else None,
+            "fix": first.fix if first else None,
+            "versions": self.versions,
+            "links": [asdict(link) for link in self.links],
+        }
+
+
+def _link(id: str, title: str) -> Callable[..., Link]:
+    def make(state: str, detail: str, cause: str | None = None, fix: str | None = None) -> Link:
+        return Link(id, title, state, detail, cause, fix)
+
+    return make
+
+
+# ---- GPU side ---------------------------------------------------------------------------------
+
+
+def _pci(facts: dict[str, Any]) -> Link:
+    make = _link("pci", "NVIDIA GPU on the PCI bus")
+    pci = facts["host"]["pci"]
+    gpus = pci["gpus"]
+    if not gpus:
+        return make(NOT_APPLICABLE, "no NVIDIA GPU (vendor 0x10de, class 0x0300/0x0302) on the PCI bus")
+    listed = ", ".join(f"{gpu['address']} ({gpu['device']})" for gpu in gpus)
+    switches = f"; {len(pci['nvswitches'])} NVSwitch" if pci["nvswitch"] else ""
+    return make(OK, f"{len(gpus)} GPU: {listed}{switches}")
+
+
+def _module(facts: dict[str, Any]) -> Link:
+    make = _link("module", "kernel module loaded")
+    host = facts["host"]
+    driver = host["driver"]
+    if driver["loaded"]:
+        flavor = f" ({driver['module_flavor']})" if driver["module_flavor"] else ""
+        return make(OK, f"nvidia {driver['kernel_module_version']}{flavor} loaded")
+    kernel = host["kernel"] or "the running kernel"
+    installed = driver["userspace_version"]
+    if not installed and not host["packages"]:
+        return make(
+            BROKEN, "no NVIDIA driver installed",
+            cause="no NVIDIA driver is installed: no nvidia module is loaded and no libnvidia-ml.so.1 is in the "
+            "loader cache",
+            fix="install the driver: run deploys/gpu_node.py with gpunode_driver_branch or gpunode_driver_version set",
+        )  # fmt: skip
+    if not host["module_built"]:
+        return make(
+            BROKEN, f"no nvidia module for kernel {kernel}",
+            cause=f"the nvidia module is not loaded and /lib/modules/{kernel} has no nvidia*.ko: "
+            f"no module was built or installed for the running kernel",
+            fix=f"check `dkms status` and install the module for {kernel} (the kernel's linux-headers and the "
+            f"driver's DKMS or precompiled module package), then `modprobe nvidia`",
+        )  # fmt: skip
+    return make(
+        BROKEN, "nvidia module not loaded",
+        cause=f"the nvidia module for {kernel} is installed (userspace {installed or 'unknown'}) but not loaded: "
+        "/sys/module/nvidia/version is absent",
+        fix="reboot the node, or run `modprobe nvidia` and read `dmesg | grep -i nvrm` for why it does not load "
+        "(Secure Boot signature, nouveau holding the GPU)",
+    )  # fmt: skip
+
+
+def _nvml_error_fix(error: str) -> str:
+    fixes = {
+        "DriverNotLoaded": "load the module: `modprobe nvidia` (or reboot), then `nvidia-smi`",
+        "NoPermission": "run as root or fix the mode of /dev/nvidiactl and /dev/nvidia[0-9]*",
+        "GpuIsLost": "drain the node and reboot it; if it recurs, check the GPU's power and PCIe seating",
+        "LibraryNotFound": "install the driver's userspace (libnvidia-ml.so.1) and run `ldconfig`",
+    }
+    return fixes.get(error, f"run `nvidia-smi` and read `dmesg | grep -i nvrm` for NVML's {error}")
+
+
+def _reboot_pending(module: str, library: str | None, detail: str) -> Link:
+    return _link("nvml", USERSPACE_TITLE)(
+        BROKEN, detail,
+        cause=f"reboot pending after an upgrade: the loaded module is {module} but the userspace library is "
+        f"{'libnvidia-ml.so.' + library if library else 'of another version'}, so NVML fails with LibRmVersionMismatch",
+        fix="drain the node and reboot it (deploys/gpu_node.py does it with gpunode_reboot: true); "
+        "hold the driver packages so it does not recur",
+    )  # fmt: skip
+
+
+USERSPACE_TITLE = "userspace library and NVML at the module's version"
+
+
+def _userspace(facts: dict[str, Any]) -> Link:
+    make = _link("nvml", USERSPACE_TITLE)
+    driver = facts["host"]["driver"]
+    nvml = facts["nvml"]
+    error = nvml["error"] if nvml else None
+    module = driver["kernel_module_version"]
+    # The resolved library's file name carries the version, unless it is a plain file: then NVML's word.
+    library = driver["userspace_version"] or (nvml["driver_version"] if nvml and not error else None)
+    if not module:
+        return make(UNKNOWN, f"userspace {library or 'not found'}; no module loaded to compare with")
+    if library and not same_driver(module, library):
+        named = f"; NVML: {error}" if error else ""
+        return _reboot_pending(module, library, f"module {module}, library {library}{named}")
+    if error == "LibRmVersionMismatch":
+        return _reboot_pending(module, library, f"module {module}; NVML: {error}")
+    if error:
+        return make(
+            BROKEN, f"module {module}, library {library or 'unknown'}; NVML: {error}",
+            cause=f"the nvidia {module} module is loaded but NVML fails with {error}",
+            fix=_nvml_error_fix(error),
+        )  # fmt: skip
+    if not library and not driver["nvidia_smi_ok"]:
+        return make(
+            BROKEN, f"module {module}, no libnvidia-ml.so.1",
+            cause=f"module {module} is loaded but the loader cache (`ldconfig -p`) has no versioned "
+            "libnvidia-ml.so.1 and neither NVML nor nvidia-smi answers",
+            fix=f"install the driver's userspace for {module} (libnvidia-ml.so.{module}) and run `ldconfig`",
+        )  # fmt: skip
+    if nvml is None:
+        how = "nvidia-smi works" if driver["nvidia_smi_ok"] else "NVML not queried (no pynvml on the node)"
+        return make(OK, f"module and library {library or module}; {how}")
+    seen, gpus = len(nvml["devices"]), len(facts["host"]["pci"]["gpus"])
+    if seen < gpus:
+        return make(
+            BROKEN, f"NVML sees {seen} of {gpus} GPUs",
+            cause=f"NVML lists {seen} GPU(s) but the PCI bus has {gpus}: a GPU is lost or held by another driver",
+            fix="run `nvidia-smi -q` and `dmesg | grep -i -e nvrm -e xid`; drain and reboot the node if a GPU "
+            "fell off the bus",
+        )  # fmt: skip
+    versions = f"NVML {nvml['nvml_version']}, CUDA {nvml['cuda_driver_version']}"
+    return make(OK, f"module and library {library}; {versions}, {seen} GPU(s)")
+
+
+def _xid(facts: dict[str, Any]) -> Link:
+    make = _link("xid", "no GPU Xid errors in the kernel log since boot")
+    xid = facts["xid"]
+    if xid["source"] is None:
+        return make(UNKNOWN, "kernel log not readable (no journal kernel messages, dmesg refused)")
+    codes = sorted({int(match.group("code")) for line in xid["lines"] if (match := _XID.search(line))})
+    if not xid["count"]:
+        return make(OK, f"none ({xid['source']})")
+    serious = [code for code in codes if code not in WORKLOAD_XIDS]
+    summary = f"{xid['count']} Xid line(s) since boot, codes {', '.join(map(str, codes)) or 'unknown'}"
+    if codes and not serious:
+        return make(OK, f"{summary}: workload errors only")
+    last = xid["lines"][-1].strip() if xid["lines"] else ""
+    return make(
+        BROKEN, summary,
+        cause=f"the kernel log ({xid['source']}) has {summary}; last: {last}",
+        fix="drain the node, look the code up in NVIDIA's Xid catalogue and run `nvidia-smi -q`; "
+        "79, 74, 48, 94 and 95 need a GPU reset or a reboot",
+    )  # fmt: skip
+
+
+def _fabric_manager(facts: dict[str, Any]) -> Link:
+    make = _link("fabric_manager", "Fabric Manager active at the driver's version (NVSwitch)")
+    host = facts["host"]
+    if not host["pci"]["nvswitch"]:
+        return make(NOT_APPLICABLE, "no NVSwitch")
+    fm = host["fabric_manager"]
+    module = host["driver"]["kernel_module_version"]
+    version = upstream_version(fm["version"]) if fm["version"] else None
+    if version is None:
+        return make(
+            BROKEN, "not installed",
+            cause="this NVSwitch node has no nvidia-fabricmanager package, so its GPUs cannot form the NVLink fabric",
+            fix=f"install nvidia-fabricmanager at driver {module or 'the loaded driver'}'s version and enable "
+            "nvidia-fabricmanager.service (deploys/gpu_node.py does both)",
+        )  # fmt: skip
+    if module and not same_driver(version, module):
+        return make(
+            BROKEN, f"Fabric Manager {version}, driver {module}",
+            cause=f"Fabric Manager {version} does not match the loaded driver {module}; it refuses to start "
+            "('fabric manager NVIDIA GPU driver interface version … don't match')",
+            fix=f"install nvidia-fabricmanager {module} and hold it with the driver, then "
+            "`systemctl restart nvidia-fabricmanager`",
+        )  # fmt: skip
+    if fm["active"] is None:
+        return make(UNKNOWN, f"Fabric Manager {version}; service state unknown (no systemd)")
+    if fm["active"] != "active":
+        return make(
+            BROKEN, f"Fabric Manager {version} {fm['active']}",
+            cause=f"nvidia-fabricmanager.service is {fm['active']} (enabled: {fm['enabled']}) on an NVSwitch node",
+            fix="`systemctl enable --now nvidia-fabricmanager` and read `journalctl -u nvidia-fabricmanager -b` "
+            "if it does not stay active",
+        )  # fmt: skip
+    return make(OK, f"Fabric Manager {version} active")
+
+
+def _toolkit(facts: dict[str, Any], binary: str) -> Link:
+    make = _link("toolkit", "NVIDIA Container Toolkit installed")
+    toolkit = facts["toolkit"]
+    present = facts["containerd"]["binary_present"] or toolkit["runtime_binary"] == binary
+    ctk = toolkit["ctk_version"]
+    if not present:
+        return make(
+            BROKEN, f"{binary} missing" + (f"; nvidia-ctk {ctk}" if ctk else "; no nvidia-ctk"),
+            cause=f"the nvidia runtime binary {binary} is missing"
+            + ("" if ctk else " and nvidia-ctk is not installed"),
+            fix="install nvidia-container-toolkit (deploys/gpu_node.py with gpunode_toolkit_source), "
+            "or set gpunode_nvidia_runtime_binary to where it is",
+        )  # fmt: skip
+    if not ctk:
+        return make(
+            BROKEN, f"{binary} present, no nvidia-ctk",
+            cause="nvidia-ctk is not installed, so no CDI spec can be generated",
+            fix="install nvidia-container-toolkit-base (deploys/gpu_node.py installs all four toolkit packages)",
+        )  # fmt: skip
+    return make(OK, f"nvidia-ctk {ctk}, {binary}")
+
+
+def _cdi(facts: dict[str, Any], spec_path: str) -> Link:
+    make = _link("cdi", "CDI spec current for the loaded driver, listing every GPU")
+    module = facts["host"]["driver"]["kernel_module_version"]
+    gpus = len(facts["host"]["pci"]["gpus"])
+    specs = [spec for spec in facts["cdi"] if not spec["device_plugin"]]
+    chosen = next((spec for spec in specs if spec["path"] == spec_path), None) or next(
+        (spec for spec in specs if spec["kind"] == "nvidia.com/gpu" or spec["error"]), None
+    )
+    generate = f"`nvidia-ctk cdi generate --output={spec_path}` (deploys/gpu_node.py regenerates it)"
+    if chosen is None:
+        return make(
+            BROKEN, "no nvidia.com/gpu spec",
+            cause="no CDI spec of kind nvidia.com/gpu in /etc/cdi or /var/run/cdi "
+            "(/var/run/cdi is emptied at every boot)",
+            fix=f"generate it: {generate}",
+        )  # fmt: skip
+    path = chosen["path"]
+    if chosen["error"]:
+        return make(BROKEN, f"{path} unreadable", cause=chosen["error"], fix=f"move {path} away, then {generate}")
+    if not module:
+        return make(UNKNOWN, f"{path} for driver {chosen['driver_version']}; no module loaded to compare with")
+    if not same_driver(chosen["driver_version"], module):
+        return make(
+            BROKEN, f"{path} for driver {chosen['driver_version']}, module {module}",
+            cause=f"{path} was generated for driver {chosen['driver_version'] or 'unknown'} but {module} is loaded: "
+            "its library paths no longer exist and containers fail to start",
+            fix=f"regenerate it for {module}: {generate}",
+        )  # fmt: skip
+    wanted = [str(index) for index in range(gpus)] + ["all"]
+    missing = [name for name in wanted if name not in chosen["devices"]]
+    if missing:
+        return make(
+            BROKEN, f"{path} lacks device(s) {', '.join(missing)}",
+            cause=f"{path} lists devices {', '.join(chosen['devices']) or 'none'} but the node has {gpus} GPU(s): "
+            f"{', '.join(missing)} missing",
+            fix=f"regenerate it now that every GPU is visible: {generate}",
+        )  # fmt: skip
+    return make(OK, f"{path}: driver {module}, {len(chosen['devices'])} device names")
+
+
+# ---- containerd side --------------------------------------------------------------------------
+
+
+def _defines_nvidia(config: dict[str, Any]) -> bool:
+    if not config.get("text"):
+        return False
+    try:
+        data = tomllib.loads(config["text"])
+    except tomllib.TOMLDecodeError:
+        return False
+    plugins = data.get("plugins", {})
+    for name in (CRI_V2, CRI_V3_RUNTIME):
+        table = plugins.get(name, {}) if isinstance(plugins, dict) else {}
+        if RUNTIME in table.get("containerd", {}).get("runtimes", {}):
+            return True
+    return False
+
+
+def _load_order(files: dict[str, Any]) -> list[dict[str, Any]]:
+    return [file for file in [files["main"], *files["imported"]] if file]
+
+
+def shadowing_file(files: dict[str, Any], major: int) -> tuple[str, str] | None:
+    """On containerd 1.x, ``(file that defines nvidia, later file that replaces the CRI section)``."""
+    if major >= 2:
+        return None
+    order = _load_order(files)
+    definers = [i for i, file in enumerate(order) if _defines_nvidia(file)]
+    owners = [i for i, file in enumerate(order) if CRI_V2 in file["plugins"]]
+    if not definers or not owners or owners[-1] <= definers[-1]:
+        return None
+    return order[definers[-1]]["path"], order[owners[-1]]["path"]
+
+
+def _containerd_config(facts: dict[str, Any]) -> Link:
+    make = _link("containerd_config", "nvidia runtime in containerd's merged config")
+    state = facts["containerd"]
+    version = state["version"]
+    if version is None:
+        return make(
+            BROKEN, "containerd not installed",
+            cause="containerd is not installed (`containerd --version` not found)",
+            fix="install containerd, then register the runtime: " + RUNTIME_DEPLOY,
+        )  # fmt: skip
+    dump = state["dump"]
+    main = state["files"]["main_path"]
+    if dump is None or dump["error"]:
+        error = (dump or {}).get("error") or "no output"
+        return make(
+            BROKEN, f"containerd {version['raw']}: config does not load",
+            cause=f"`containerd --config {main} config dump` fails: {error.strip().splitlines()[-1]}",
+            fix="fix the file the error names; containerd cannot start on this config",
+        )  # fmt: skip
+    summary = dump["summary"]
+    if RUNTIME in summary["runtimes"]:
+        binary = summary["runtimes"][RUNTIME]["BinaryName"]
+        return make(OK, f"containerd {version['raw']}: nvidia ({binary}), default {summary['default_runtime_name']}")
+    shadow = shadowing_file(state["files"], version["major"])
+    if shadow:
+        definer, owner = shadow
+        return make(
+            BROKEN, f"containerd {version['raw']}: nvidia shadowed by {owner}",
+            cause=f"{definer} defines the nvidia runtime but {owner}, loaded after it, also sets the CRI plugin and "
+            f"containerd {version['major']}.{version['minor']} keeps only the last file's CRI section",
+            fix=f"run {RUNTIME_DEPLOY}: it loads the nvidia runtime last, carrying {owner}'s settings",
+        )  # fmt: skip
+    return make(
+        BROKEN, f"containerd {version['raw']}: no nvidia runtime",
+        cause=f"no config file loaded from {main} defines the nvidia runtime",
+        fix=f"register it: {RUNTIME_DEPLOY} (or `nvidia-ctk runtime configure --runtime=containerd`)",
+    )  # fmt: skip
+
+
+def _newer_files(state: dict[str, Any]) -> list[str]:
+    started = state["service"]["started_at"] or 0
+    mtimes = state["files"]["mtimes"]
+    return sorted((path for path, mtime in mtimes.items() if mtime >= int(started)), key=lambda p: -mtimes[p])
+
+
+def _containerd_running(facts: dict[str, Any]) -> Link:
+    make = _link("containerd_running", "running containerd loaded the nvidia runtime")
+    state, cri = facts["containerd"], facts["cri"]
+    service = state["service"]
+    if state["version"] is None:
+        return make(UNKNOWN, "containerd not installed")
+    if service is None:
+        return make(UNKNOWN, "no systemd: the running daemon cannot be read")
+    if service["active_state"] != "active":
+        return make(
+            BROKEN, f"containerd.service {service['active_state']} ({service['result'] or 'no result'})",
+            cause=f"containerd.service is {service['active_state']}/{service['sub_state']} "
+            f"(result {service['result'] or 'unknown'}): kubelet has no container runtime",
+            fix="read `journalctl -u containerd -b -n 50`, fix the cause, then `systemctl reset-failed containerd "
+            "&& systemctl start containerd`",
+        )  # fmt: skip
+    if cri is None:
+        return make(UNKNOWN, f"containerd active (PID {service['main_pid']}); no journal to read the CRI plugin from")
+    if not cri["loaded"]:
+        if cri["error"]:
+            return make(
+                BROKEN, "CRI plugin failed to load",
+                cause=f"the running containerd (PID {service['main_pid']}) failed to load its CRI plugin: "
+                f"{cri['error']}",
+                fix="fix the config the error names, then `systemctl restart containerd` (or " + RUNTIME_DEPLOY + ")",
+            )  # fmt: skip
+        return make(UNKNOWN, f"containerd active (PID {service['main_pid']}); no CRI start line in its journal")
+    pending = service["restart_pending"]
+    if RUNTIME in cri["runtimes"]:
+        note = "; a config file is newer (restart pending)" if pending else ""
+        return make(OK, f"PID {service['main_pid']}: runtimes {', '.join(cri['runtimes'])}{note}")
+    summary = (state["dump"] or {}).get("summary") or {}
+    in_files = RUNTIME in summary.get("runtimes", {})
+    if in_files and pending:
+        newer = _newer_files(state)
+        return make(
+            BROKEN, f"PID {service['main_pid']}: no nvidia runtime; restart pending",
+            cause=f"restart pending: {', '.join(newer) or 'a file under /etc/containerd'} changed after containerd "
+            f"(PID {service['main_pid']}) started, so the running daemon has runtimes "
+            f"{', '.join(cri['runtimes']) or 'none'} without nvidia",
+            fix=f"restart it one node at a time: {RUNTIME_DEPLOY} (or `systemctl restart containerd`)",
+        )  # fmt: skip
+    if in_files:
+        return make(
+            BROKEN, f"PID {service['main_pid']}: no nvidia runtime",
+            cause=f"the merged config has nvidia but the running daemon (PID {service['main_pid']}) loaded only "
+            f"{', '.join(cri['runtimes']) or 'none'}, and no config file is newer than it",
+            fix="`systemctl restart containerd`, then check the CRI plugin's start line in "
+            "`journalctl -u containerd -b`",
+        )  # fmt: skip
+    return make(
+        BROKEN, f"PID {service['main_pid']}: no nvidia runtime",
+        cause="neither the merged config nor the running daemon has the nvidia runtime",
+        fix=f"register it: {RUNTIME_DEPLOY}",
+    )  # fmt: skip
+
+
+def _containerd_signals(facts: dict[str, Any]) -> Link:
+    make = _link("containerd_restarts", "containerd not restarted by a signal or crash (last 24 h of this boot)")
+    if facts["containerd"]["version"] is None:
+        return make(NOT_APPLICABLE, "containerd not installed")
+    journal = facts["containerd_journal"]
+    if journal is None:
+        return make(UNKNOWN, "no journal")
+    signals, restarts = journal["signals"], journal["restarts"]
+    if not signals and not restarts:
+        return make(OK, "no signal or automatic restart")
+    if signals:
+        names = sorted({event["signal"] for event in signals})
+        last = signals[-1]["time"]
+        return make(
+            BROKEN, f"{len(signals)} signal(s) {', '.join(names)}, last {last}",
+            cause=f"containerd was sent {', '.join(names)} {len(signals)} time(s) (first {signals[0]['time']}, "
+            f"last {last}) and restarted by systemd {len(restarts)} time(s): containerd has no reload, "
+            "a signal ends it",
+            fix="find what signals it (a config-management handler, `pkill -HUP`, logrotate) and make it "
+            "`systemctl restart containerd` only after a config change, one node at a time",
+        )  # fmt: skip
+    return make(
+        BROKEN, f"{len(restarts)} automatic restart(s), last {restarts[-1]}",
+        cause=f"containerd exited on its own and systemd restarted it {len(restarts)} time(s), last {restarts[-1]}",
+        fix=f"read `journalctl -u containerd -b --until '{restarts[-1]}'` for why it exited",
+    )  # fmt: skip
+
+
+# ---- Kubernetes side --------------------------------------------------------------------------
+
+VALIDATION_LINKS = {
+    "driver-ready": "driver",
+    "toolkit-ready": "toolkit",
+    "cuda-ready": "CUDA workload",
+    "plugin-ready": "device plugin",
+}
+
+
+def _validation(facts: dict[str, Any], marker: str) -> Link:
+    make = _link(f"validator:{marker}", f"GPU Operator validator: {marker}")
+    validations = facts["validations"]
+    if not facts["host"]["pci"]["gpus"]:
+        return make(NOT_APPLICABLE, "no NVIDIA GPU")
+    if validations is None:
+        return make(NOT_APPLICABLE, f"the GPU Operator's validator has not run here (no {VALIDATIONS_DIR})")
+    if marker in validations:
+        return make(OK, f"{VALIDATIONS_DIR}/{marker}")
+    return make(
+        BROKEN, f"{VALIDATIONS_DIR}/{marker} missing",
+        cause=f"the GPU Operator's validator has not passed its {VALIDATION_LINKS[marker]} check on this node "
+        f"({VALIDATIONS_DIR} has {', '.join(sorted(validations)) or 'nothing'})",
+        fix=f"read the nvidia-operator-validator pod's {marker.removesuffix('-ready')}-validation container log on "
+        "this node (`kubectl -n gpu-operator logs <pod> -c "
+        f"{marker.removesuffix('-ready')}-validation`)",
+    )  # fmt: skip
+
+
+def _device_plugin(facts: dict[str, Any]) -> Link:
+    make = _link("device_plugin", "NVIDIA device plugin serving kubelet")
+    if not facts["host"]["pci"]["gpus"]:
+        return make(NOT_APPLICABLE, "no NVIDIA GPU")
+    plugin = facts["device_plugin"]
+    if plugin is None:
+        return make(UNKNOWN, f"no {DEVICE_PLUGIN_DIR}: kubelet is not set up on this node")
+    if plugin:
+        return make(OK, ", ".join(f"{DEVICE_PLUGIN_DIR}/{name}" for name in plugin))
+    return make(
+        BROKEN, f"no nvidia-*.sock in {DEVICE_PLUGIN_DIR}",
+        cause=f"no NVIDIA device plugin socket in {DEVICE_PLUGIN_DIR}, so kubelet reports nvidia.com/gpu: 0",
+        fix="check the device plugin pod on this node (`kubectl get pods -A -o wide --field-selector "
+        "spec.nodeName=NODE | grep device-plugin`) and its log; it needs every link above",
+    )  # fmt: skip
+
+
+def _gpu_only(link: Link, facts: dict[str, Any]) -> Link:
+    """Links that only exist on GPU nodes are not applicable elsewhere."""
+    if facts["host"]["pci"]["gpus"] or link.state == NOT_APPLICABLE:
+        return link
+    return Link(link.id, link.title, NOT_APPLICABLE, "no NVIDIA GPU")
+
+
+def _versions(facts: dict[str, Any]) -> dict[str, str | None]:
+    host, nvml, containerd = facts["host"], facts["nvml"], facts["containerd"]
+    return {
+        "kernel": host["kernel"],
+        "module": host["driver"]["kernel_module_version"],
+        "userspace": host["driver"]["userspace_version"],
+        "nvml": nvml["nvml_version"] if nvml else None,
+        "cuda": nvml["cuda_driver_version"] if nvml else None,
+        "fabric_manager": host["fabric_manager"]["version"],
+        "nvidia_ctk": facts["toolkit"]["ctk_version"],
+        "containerd": containerd["version"]["raw"] if containerd["version"] else None,
+    }
+
+
+def assess(node: str, facts: dict[str, Any], binary: str, spec_path: str) -> NodeReadiness:
+    """Every link of ``node``'s chain, in order, from the ``NodeReadiness`` fact."""
+    gpu = [
+        _module(facts),
+        _userspace(facts),
+        _validation(facts, "driver-ready"),
+        _xid(facts),
+        _fabric_manager(facts),
+        _toolkit(facts, binary),
+        _validation(facts, "toolkit-ready"),
+        _cdi(facts, spec_path),
+    ]
+    links = [
+        _pci(facts),
+        *(_gpu_only(link, facts) for link in gpu),
+        _containerd_config(facts),
+        _containerd_running(facts),
+        _containerd_signals(facts),
+        _validation(facts, "cuda-ready"),
+        _validation(facts, "plugin-ready"),
+        _device_plugin(facts),
+    ]
+    return NodeReadiness(node, links, _versions(facts))
+
+
+# ---- output -----------------------------------------------------------------------------------
+
+
+def node_text(report: NodeReadiness) -> str:
+    """The node's chain as text: a headline, one line per link, then the first broken link's cause and fix."""
+    first = report.first_broken
+    headline = "ready" if first is None else f"NOT READY at {first.id}"
+    width = max(len(link.id) for link in report.links)
+    lines = [f"{report.node}: {headline}"]
+    lines += [f"  {link.state:<7} {link.id:<{width}}  {link.detail}" for link in report.links]
+    if first is not None:
+        lines += [f"  cause: {first.cause or first.detail}", f"  fix:   {first.fix or 'see the cause'}"]
+    return "\n".join(lines)
+
+
+def fleet_summary(reports: list[NodeReadiness]) -> dict[str, Any]:
+    groups: dict[str, list[str]] = {}
+    for report in reports:
+        if report.first_broken is not None:
+            groups.setdefault(report.first_broken.id, []).append(report.node)
+    return {
+        "ready": sum(report.ready for report in reports),
+        "total": len(reports),
+        "not_ready_by_first_broken_link": groups,
+    }
+
+
+def fleet_text(reports: list[NodeReadiness]) -> str:
+    summary = fleet_summary(reports)
+    lines = [f"{summary['ready']} of {summary['total']} nodes ready"]
+    lines += [f"  {link}: {', '.join(nodes)}" for link, nodes in summary["not_ready_by_first_broken_link"].items()]
+    return "\n".join(lines)
+
+
+def fleet_json(reports: list[NodeReadiness]) -> dict[str, Any]:
+    return {"summary": fleet_summary(reports), "nodes": [report.as_dict() for report in reports]}
