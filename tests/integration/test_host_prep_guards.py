@@ -46,10 +46,13 @@ def written(root: Path) -> dict[str, str]:
 
 
 def pyinfra(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``pyinfra @chroot/<root> deploys/gpu_node.py ARGS`` from the repository root; output merged."""
+    """``pyinfra @chroot/<root> deploys/gpu_node.py ARGS``; output merged.
+
+    Run beside the root, not in the checkout: the CLI leaves ``pyinfra-debug.log`` in its directory on errors.
+    """
     return subprocess.run(
-        [sys.executable, "-m", "pyinfra", f"@chroot/{root}", "deploys/gpu_node.py", *args],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+        [sys.executable, "-m", "pyinfra", f"@chroot/{root}", str(REPO / "deploys/gpu_node.py"), *args],
+        cwd=root.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
         env={**os.environ, "PYINFRA_PROGRESS": "off", "COLUMNS": "400"},
     )  # fmt: skip
 
