@@ -13,7 +13,7 @@ from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 from typing_extensions import override
 
-from pyinfra_gpunode.containerd_dump import CriLoaded, DumpSummary, parse_cri_start_log, summarize
+from pyinfra_gpunode.containerd_dump import CriLoaded, DumpSummary, parse_cri_loaded, parse_cri_start_log, summarize
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, resolve_tree
 from pyinfra_gpunode.sections import marker, split_sections
 from pyinfra_gpunode.versions import ContainerdVersionInfo, parse_containerd_version
@@ -64,6 +64,8 @@ class ContainerdConfigFilesInfo(TypedDict):
     problems: list[str]
     texts: dict[str, str]
     mtimes: dict[str, int]
+    modes: dict[str, str]
+    links: dict[str, str]
 
 
 class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
@@ -72,8 +74,11 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
     ``/etc/containerd/config.toml``; ``main`` is ``None`` when it is missing) and every file
     it imports, in containerd's own load order (byte-order globs, breadth-first, no
     duplicates), each with its ``version``, ``imports``, top-level plugin keys and parse error.
-    ``texts`` holds every ``*.toml`` under ``/etc/containerd``; ``problems`` lists imports that
-    name missing files or files outside ``/etc/containerd``.
+    ``texts`` holds every ``*.toml`` under ``/etc/containerd`` (read through symbolic links; a
+    byte that is not UTF-8 is kept as a surrogate escape, which the file's ``error`` names),
+    with its mtime and permission bits; ``links`` maps every symbolic link under
+    ``/etc/containerd``, and the main config or a directory above it that is one, to its
+    target; ``problems`` lists imports that name missing files or files outside ``/etc/containerd``.
 
     .. code:: python
 
@@ -86,6 +91,8 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
             "problems": [],
             "texts": {"/etc/containerd/config.toml": "...", ...},
             "mtimes": {"/etc/containerd/config.toml": 1764400000, ...},
+            "modes": {"/etc/containerd/config.toml": "644", ...},
+            "links": {},
         }
     """
 
@@ -93,10 +100,14 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
     def command(self) -> str:
         return (
             f"{_UNIT_CONFIG}; echo \"main $cfg\"; "
-            f'{{ echo "$cfg"; find {CONFIG_ROOT} -name "*.toml" -type f 2>/dev/null; }} | sort -u | '
+            f'{{ echo "$cfg"; find -L {CONFIG_ROOT} -name "*.toml" -type f 2>/dev/null; }} | sort -u | '
             'while read -r f; do if [ -r "$f" ] && [ -f "$f" ]; then '
-            'echo "file $(stat -c %Y "$f") $(printf %s "$f" | base64 -w0) $(base64 -w0 < "$f")"; '
-            "fi; done"
+            'b=$(printf %s "$f" | base64 -w0); echo "file $(stat -c %Y "$f") $b $(base64 -w0 < "$f")"; '
+            'echo "mode $(stat -L -c %a "$f") $b"; '
+            "fi; done; "
+            f'{{ find {CONFIG_ROOT} -type l 2>/dev/null; p="$cfg"; while [ "${{#p}}" -gt 1 ]; do echo "$p"; '
+            'p=$(dirname "$p"); done; } | sort -u | while read -r f; do if [ -L "$f" ]; then '
+            'echo "link $(printf %s "$f" | base64 -w0) $(printf %s "$(readlink "$f")" | base64 -w0)"; fi; done'
         )
 
     @override
@@ -104,15 +115,23 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
         main_path = DEFAULT_CONFIG
         texts: dict[str, str] = {}
         mtimes: dict[str, int] = {}
+        modes: dict[str, str] = {}
+        links: dict[str, str] = {}
         for line in output:
             kind, _, rest = line.partition(" ")
             if kind == "main":
                 main_path = rest.strip()
             elif kind == "file":
                 mtime, path_b64, *content = rest.split(" ")
-                path = base64.b64decode(path_b64).decode()
-                texts[path] = base64.b64decode(content[0] if content else "").decode()
+                path = _decoded(path_b64)
+                texts[path] = base64.b64decode(content[0] if content else "").decode(errors="surrogateescape")
                 mtimes[path] = int(mtime)
+            elif kind == "mode":
+                mode, _, path_b64 = rest.partition(" ")
+                modes[_decoded(path_b64)] = mode
+            elif kind == "link":
+                path_b64, _, target_b64 = rest.partition(" ")
+                links[_decoded(path_b64)] = _decoded(target_b64)
         tree = resolve_tree(main_path, texts)
         info: ContainerdConfigFilesInfo = {
             "main": tree["main"],
@@ -121,8 +140,15 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
             "problems": tree["problems"],
             "texts": texts,
             "mtimes": mtimes,
+            "modes": modes,
+            "links": links,
         }
         return info
+
+
+def _decoded(encoded: str) -> str:
+    """A base64 path; bytes that are not UTF-8 shown as ``\\xNN`` (paths end up in messages)."""
+    return base64.b64decode(encoded).decode(errors="backslashreplace")
 
 
 class DumpInfo(TypedDict):
@@ -146,7 +172,11 @@ def _process_dump(output: list[str]) -> DumpInfo:
     stderr = [line for line in output[marker + 1 :] if not line.startswith("### gpunode-rc")]
     rc_line = next((line for line in output if line.startswith("### gpunode-rc")), "### gpunode-rc 0")
     warnings = [line for line in stderr if "level=warning" in line or "Ignoring unknown key" in line]
-    if rc_line.split()[-1] != "0":
+    rc = rc_line.split()[-1]
+    if rc == "stage":
+        error = "could not stage the candidate: " + "\n".join(stderr)
+        return {"summary": None, "dump": {}, "warnings": [], "error": error}
+    if rc != "0":
         return {"summary": None, "dump": {}, "warnings": warnings, "error": "\n".join(stderr) or rc_line}
     try:
         dump = tomllib.loads("\n".join(output[:marker]))
@@ -193,17 +223,23 @@ class ContainerdConfigDump(FactBase[DumpInfo | None]):
 STAGE = "@GPUNODE_STAGE@"  # must match containerd_dropin.staged_imports
 
 
+def candidate_input(config_text: str, dropin_text: str) -> str:
+    """``ContainerdCandidateDump``'s stdin: the candidate config.toml and drop-in, base64, a line each."""
+    return "".join(base64.b64encode(text.encode()).decode() + "\n" for text in (config_text, dropin_text))
+
+
 class ContainerdCandidateDump(FactBase[DumpInfo | None]):
     """
     Returns ``config dump`` of a candidate config tree, staged in a temporary directory on
-    the node (a copy of ``/etc/containerd`` with the new config.toml and drop-in) and removed
-    afterwards, so the node's own containerd judges the files before they take effect.
-    Import entries in ``config_text`` that start with ``@GPUNODE_STAGE@`` point into the stage.
+    the node (a copy of every ``*.toml`` under ``/etc/containerd``, read through symbolic
+    links, with the new config.toml and drop-in) and removed afterwards, so the node's own
+    containerd judges the files before they take effect. Nothing is written outside the
+    stage. The candidate texts come on stdin (``_stdin=candidate_input(config_text,
+    dropin_text)``), so their size is not bound by the command line's. Import entries that
+    start with ``@GPUNODE_STAGE@`` point into the stage.
 
     + config_path: where the main config lives on the node
-    + config_text: candidate main config
     + dropin_path: where the drop-in will live on the node
-    + dropin_text: candidate drop-in
 
     .. code:: python
 
@@ -211,24 +247,27 @@ class ContainerdCandidateDump(FactBase[DumpInfo | None]):
     """
 
     @override
-    def requires_command(self, config_path: str, config_text: str, dropin_path: str, dropin_text: str) -> str:
+    def requires_command(self, config_path: str, dropin_path: str) -> str:
         return "containerd"
 
     @override
-    def command(self, config_path: str, config_text: str, dropin_path: str, dropin_text: str) -> str:
-        def write(path: str, text: str) -> str:
-            staged = f'"$T"{shlex.quote(path)}'
-            encoded = base64.b64encode(text.encode()).decode()
+    def command(self, config_path: str, dropin_path: str) -> str:
+        def write(path: str, line: str) -> str:
+            staged = f'"$S"{shlex.quote(path)}'
             return (
-                f'mkdir -p "$(dirname {staged})" && echo {encoded} | base64 -d | '
-                f'sed "s#{STAGE}#$T#g" > {staged}'
+                f'mkdir -p "$(dirname {staged})" && rm -f {staged} && '
+                f'printf %s "${line}" | base64 -d | sed "s#{STAGE}#$S#g" > {staged}'
             )
 
+        config = f'"$S"{shlex.quote(config_path)}'
         return (
-            'T=$(mktemp -d) && trap \'rm -rf "$T"\' EXIT && mkdir -p "$T/etc" && '
-            f'{{ if [ -d {CONFIG_ROOT} ]; then cp -a {CONFIG_ROOT} "$T/etc/"; fi; }} && '
-            f"{write(config_path, config_text)} && {write(dropin_path, dropin_text)} && "
-            + _dump_script(f'"$T"{shlex.quote(config_path)}')
+            'T=$(mktemp -d) && trap \'rm -rf "$T"\' EXIT && S="$T/stage" && mkdir "$S" && '
+            'read -r c && read -r d && '
+            f'if {{ find -L {CONFIG_ROOT} -name "*.toml" -type f 2>/dev/null | while read -r f; do '
+            'mkdir -p "$S$(dirname "$f")" && cat "$f" > "$S$f" || exit 1; done && '
+            f'{write(config_path, "c")} && {write(dropin_path, "d")}; }} 2>"$T/err"; then '
+            f'containerd --config {config} config dump 2>"$T/err"; rc=$?; else rc=stage; fi; '
+            'echo "### gpunode-stderr"; cat "$T/err"; echo "### gpunode-rc $rc"'
         )
 
     @override
@@ -236,7 +275,14 @@ class ContainerdCandidateDump(FactBase[DumpInfo | None]):
         return _process_dump(output)
 
 
+class ContainerdProcess(TypedDict):
+    pid: int
+    unit: str  # the systemd unit whose cgroup it runs in ("" when none)
+
+
 class ContainerdServiceInfo(TypedDict):
+    load_state: str
+    triggered_by: list[str]
     active_state: str
     sub_state: str
     result: str
@@ -247,6 +293,8 @@ class ContainerdServiceInfo(TypedDict):
     started_at: float | None
     invocation_id: str
     config_mtime: float | None
+    processes: list[ContainerdProcess]
+    restart_reason: str | None
     restart_pending: bool
 
 
@@ -259,19 +307,43 @@ def _epoch(timestamp: str) -> float | None:
     return moment.replace(tzinfo=UTC).timestamp()
 
 
+def _restart_reason(load_state: str, active: str, sub: str, result: str,
+                    started_at: float | None, config_mtime: float | None) -> str | None:
+    if load_state != "loaded":
+        return None
+    if active != "active":
+        return f"containerd is {active or 'unknown'} ({sub or '?'}, result {result or '?'})"
+    if started_at and config_mtime and config_mtime > started_at:
+        return "its config is newer than the daemon"
+    return None
+
+
+# Every containerd process and the unit whose cgroup it is in (cgroup v2 or v1's name=systemd line).
+_PROCESSES = (
+    "echo Processes=$(for p in $(pgrep -x containerd 2>/dev/null); do "
+    "echo \"$p:$(awk -F: '$3 != \"/\" && ($2 == \"\" || $2 == \"name=systemd\") "
+    "{n = split($3, a, \"/\"); print a[n]; exit}' "
+    "/proc/$p/cgroup 2>/dev/null)\"; done)"
+)
+
+
 class ContainerdService(FactBase[ContainerdServiceInfo | None]):
     """
-    Returns the containerd unit's state: ``Restart``, ``RestartUSec``, active/sub state, ``Result``,
-    ``MainPID``, start time (epoch seconds), ``NRestarts``, the invocation ID, the newest
-    mtime under ``/etc/containerd``, and ``restart_pending`` when a config file is newer than
-    the running daemon. ``None`` without systemd (a chroot or image build).
+    Returns the containerd unit's state: ``LoadState``, ``TriggeredBy`` (a socket that activates
+    it), ``Restart``, ``RestartUSec``, active/sub state, ``Result``, ``MainPID``, start time (epoch
+    seconds), ``NRestarts``, the invocation ID, the newest mtime of the config tree (``/etc/containerd``
+    and the main config the unit names), every ``containerd`` process with the unit it runs in, and
+    ``restart_reason``/``restart_pending`` when the daemon must be restarted: a config file newer
+    than the running daemon, or a unit that is not active (failed, stopped, restarting).
+    ``None`` without systemd (a chroot or image build).
 
     .. code:: python
 
-        {"active_state": "active", "sub_state": "running", "result": "success", "main_pid": 73,
-         "restart": "always",
-         "restart_usec": "5s", "n_restarts": 0, "started_at": 1764406000.482113,
-         "invocation_id": "9f0c...", "config_mtime": 1764405000.5, "restart_pending": False}
+        {"load_state": "loaded", "triggered_by": [], "active_state": "active", "sub_state": "running",
+         "result": "success", "main_pid": 73, "restart": "always", "restart_usec": "5s", "n_restarts": 0,
+         "started_at": 1764406000.482113, "invocation_id": "9f0c...", "config_mtime": 1764405000.5,
+         "processes": [{"pid": 73, "unit": "containerd.service"}], "restart_reason": None,
+         "restart_pending": False}
     """
 
     @override
@@ -282,9 +354,11 @@ class ContainerdService(FactBase[ContainerdServiceInfo | None]):
     def command(self) -> str:
         return (
             "if [ -d /run/systemd/system ]; then "
-            "systemctl show containerd --timestamp=us+utc -p ActiveState -p SubState -p MainPID "
-            "-p Result -p Restart -p RestartUSec -p NRestarts -p ExecMainStartTimestamp -p InvocationID; "
-            f"echo ConfigMtime=$(find {CONFIG_ROOT} -type f -printf '%T@\\n' 2>/dev/null | sort -n | tail -n 1); "
+            "systemctl show containerd --timestamp=us+utc -p LoadState -p TriggeredBy -p ActiveState -p SubState "
+            "-p MainPID -p Result -p Restart -p RestartUSec -p NRestarts -p ExecMainStartTimestamp -p InvocationID; "
+            f"{_PROCESSES}; {_UNIT_CONFIG}; "
+            f"echo ConfigMtime=$(find {CONFIG_ROOT} {_CFG} -type f -printf '%T@\\n' 2>/dev/null | sort -n | tail -n 1)"
+            "; "
             "fi"
         )
 
@@ -294,11 +368,20 @@ class ContainerdService(FactBase[ContainerdServiceInfo | None]):
         started_at = _epoch(values.get("ExecMainStartTimestamp", ""))
         mtime = values.get("ConfigMtime", "")
         config_mtime = float(mtime) if re.fullmatch(r"\d+(\.\d+)?", mtime) else None
-        active = values.get("ActiveState", "")
+        load_state, active = values.get("LoadState", "loaded"), values.get("ActiveState", "")
+        sub, result = values.get("SubState", ""), values.get("Result", "")
+        processes: list[ContainerdProcess] = [
+            {"pid": int(pid), "unit": unit}
+            for pid, _, unit in (item.partition(":") for item in values.get("Processes", "").split())
+            if pid.isdigit()
+        ]
+        reason = _restart_reason(load_state, active, sub, result, started_at, config_mtime)
         return {
+            "load_state": load_state,
+            "triggered_by": values.get("TriggeredBy", "").split(),
             "active_state": active,
-            "sub_state": values.get("SubState", ""),
-            "result": values.get("Result", ""),
+            "sub_state": sub,
+            "result": result,
             "main_pid": int(values.get("MainPID", "0") or 0),
             "restart": values.get("Restart", ""),
             "restart_usec": values.get("RestartUSec", ""),
@@ -306,23 +389,32 @@ class ContainerdService(FactBase[ContainerdServiceInfo | None]):
             "started_at": started_at,
             "invocation_id": values.get("InvocationID", ""),
             "config_mtime": config_mtime,
-            "restart_pending": bool(
-                active == "active" and started_at and config_mtime and config_mtime > started_at
-            ),
+            "processes": processes,
+            "restart_reason": reason,
+            "restart_pending": reason is not None,
         }
+
+
+DEFAULT_ADDRESS = "/run/containerd/containerd.sock"
 
 
 class ContainerdCriLoaded(FactBase[CriLoaded]):
     """
     Returns what the *running* daemon's CRI plugin loaded, read from the plugin's own start
     line in the journal of the unit's current invocation ("Start cri plugin with config" on
-    1.x, "starting cri plugin" on 2.x) or its "failed to load plugin" line. 2.x does not log
-    the registry settings (``registry_config_path`` is then ``None``).
+    1.x, "starting cri plugin" on 2.x) or its "failed to load plugin" line. Where containerd
+    logs no such line (``[debug] level`` above info, or logging elsewhere) the CRI plugins'
+    status comes from ``ctr plugins ls`` instead (``source`` says which): ``ok`` or the
+    plugin's error, without the runtimes it loaded. 2.x does not log the registry settings
+    (``registry_config_path`` is then ``None``).
+
+    + address: containerd's gRPC socket, for ``ctr``
 
     .. code:: python
 
         {"loaded": True, "runtimes": ["nvidia", "runc"], "default_runtime_name": "runc",
-         "enable_cdi": True, "registry_config_path": "/etc/containerd/certs.d", "error": None}
+         "enable_cdi": True, "registry_config_path": "/etc/containerd/certs.d", "error": None,
+         "source": "the CRI plugin's start line in the journal"}
     """
 
     @staticmethod
@@ -330,21 +422,31 @@ class ContainerdCriLoaded(FactBase[CriLoaded]):
         return {**parse_cri_start_log([]), "error": "no CRI plugin start line for the running containerd"}
 
     @override
-    def requires_command(self) -> str:
+    def requires_command(self, address: str = DEFAULT_ADDRESS) -> str:
         return "journalctl"
 
     @override
-    def command(self) -> str:
-        return (
-            "id=$(systemctl show -p InvocationID --value containerd 2>/dev/null); "
+    def command(self, address: str = DEFAULT_ADDRESS) -> str:
+        ctr = f"timeout 10 ctr --address {shlex.quote(address)} plugins ls"
+        return "; ".join([
+            marker("journal"),
+            "id=$(systemctl show -p InvocationID --value containerd 2>/dev/null)",
             'if [ -n "$id" ]; then journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | '
             "grep -E 'failed to load plugin io.containerd.(grpc.v1.cri|cri)|"
-            "Start cri plugin with config|starting cri plugin' || true; fi"
-        )
+            "Start cri plugin with config|starting cri plugin' || true; fi",
+            marker("ctr"),
+            "if command -v ctr >/dev/null 2>&1; then "
+            f"{ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) ' || true; "
+            f"{ctr} -d id==cri 2>/dev/null | grep 'Message:' || true; fi",
+        ])
 
     @override
     def process(self, output: list[str]) -> CriLoaded:
-        return parse_cri_start_log(output)
+        sections = split_sections(output)
+        loaded = parse_cri_loaded(sections.get("journal", []), sections.get("ctr", []))
+        if not loaded["source"]:
+            return self.default()
+        return loaded
 
 
 class ContainerdNodeStateInfo(TypedDict):

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any, TypedDict
 
-from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, RUNTIME, flatten
+from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, FILLED_IN, RUNTIME, flatten
 
 
 class RuntimeInfo(TypedDict):
@@ -69,9 +69,45 @@ def summarize(dump: dict[str, Any]) -> DumpSummary:
     }
 
 
-def _owned(key: str) -> bool:
-    rest = key.partition(":")[2]
-    return rest in ("enable_cdi", "cdi_spec_dirs") or rest.startswith(f"containerd.runtimes.{RUNTIME}.")
+_SECRET_KEYS = {"auth", "auths", "password", "token", "identitytoken", "authorization"}
+
+
+def is_secret(key: str) -> bool:
+    """Whether a dotted key holds a credential: ``password``, ``token``, ``identitytoken`` or
+    anything under an ``auth`` table (registry ``configs.<host>.auth``, ``auths``)."""
+    return any(part.strip("\"'").lower() in _SECRET_KEYS for part in key.split("."))
+
+
+def shown(key: str, value: Any) -> str:
+    """``value`` for a message: ``'<redacted>'`` where ``key`` holds a credential."""
+    return "'<redacted>'" if is_secret(key) else repr(value)
+
+
+_KEY = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')"""
+_TABLE_LINE = re.compile(rf"^\s*\[\[?\s*({_KEY}(?:\s*\.\s*{_KEY})*)\s*\]\]?")
+_VALUE_LINE = re.compile(rf"^(\s*({_KEY}(?:\s*\.\s*{_KEY})*)\s*=\s*)(.*)$")
+
+
+def redacted(text: str) -> str:
+    """TOML text with every credential value (see ``is_secret``) replaced by ``"<redacted>"``, line by line."""
+    table = ""
+    out = []
+    for line in text.splitlines(keepends=True):
+        header = _TABLE_LINE.match(line)
+        value = None if header else _VALUE_LINE.match(line)
+        if header:
+            table = ".".join(re.findall(_KEY, header.group(1)))
+        elif value and is_secret(table + "." + ".".join(re.findall(_KEY, value.group(2)))):
+            line = value.group(1) + '"<redacted>"' + ("\n" if line.endswith("\n") else "")
+        out.append(line)
+    return "".join(out)
+
+
+def _normal(key: str, value: Any) -> Any:
+    """A runtime's empty ``runtime_type``/``sandbox_mode`` as the default containerd fills in."""
+    if False:
+        return FILLED_IN.get(key.rpartition(".")[2], value)
+    return value
 
 
 def _cri_leaves(dump: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +118,9 @@ def _cri_leaves(dump: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_UNSET = object()
+
+
 def candidate_losses(
     before: dict[str, Any],
     after: dict[str, Any],
@@ -89,15 +128,19 @@ def candidate_losses(
     after_warnings: list[str],
     intended: dict[str, Any],
     binary: str,
+    user_set: dict[str, tuple[str, Any]] | None = None,
 ) -> list[str]:
     """What the candidate config would lose or break, compared with the current dump.
 
-    A CRI key may change only to the value the files set for it (``intended``: dotted paths
-    within a CRI plugin table, e.g. ``registry.config_path``) or where it is one we own;
-    every runtime present before must stay, the default runtime must be defined, and no new
-    warning may appear.
+    A CRI key that changes (or appears) and that a user's file sets (``user_set``: dotted key
+    within a CRI plugin table, e.g. ``registry.config_path`` -> (file, value)) must take the
+    file's value; any other key may change only to the value our files set for it
+    (``intended``). A runtime's empty ``runtime_type``/``sandbox_mode`` counts as the default
+    containerd fills in. Every runtime present before must stay, the default runtime must be
+    defined, and no new warning may appear. Credential values are not shown.
     """
     losses = []
+    user_set = user_set or {}
     summary_before, summary_after = summarize(before), summarize(after)
     runtimes = summary_after["runtimes"]
     if RUNTIME not in runtimes:
@@ -111,15 +154,25 @@ def candidate_losses(
     if default not in runtimes:
         losses.append(f"default runtime {default!r} is not defined")
     old, new = _cri_leaves(before), _cri_leaves(after)
-    for key, value in sorted(old.items()):
-        if _owned(key) or new.get(key) == value:
-            continue
-        if key not in new and value in ("", False, 0, [], None):
-            continue  # an unset key is Go's zero value
+    for key in sorted(set(old) | set(new)):
         rest = key.partition(":")[2]
-        if rest in intended and intended[rest] == new.get(key):
+        was, now = old.get(key, _UNSET), new.get(key, _UNSET)
+        if was is not _UNSET and _normal(rest, was) == _normal(rest, now):
             continue
-        losses.append(f"{key} would change from {value!r} to {new.get(key, '<unset>')!r}")
+        if rest in user_set:
+            path, value = user_set[rest]
+            if _normal(rest, now) != _normal(rest, value):
+                shown_now = "<unset>" if now is _UNSET else shown(rest, now)
+                losses.append(f"{key} is set to {shown(rest, value)} in {path}; the candidate makes it {shown_now}")
+            continue
+        if was is _UNSET:
+            continue  # a key that appears: our own, or a default of something our files add
+        if now is _UNSET and was in ("", False, 0, [], None):
+            continue  # an unset key is Go's zero value
+        if rest in intended and _normal(rest, intended[rest]) == _normal(rest, now):
+            continue
+        shown_now = "<unset>" if now is _UNSET else shown(rest, now)
+        losses.append(f"{key} would change from {shown(rest, was)} to {shown_now}")
     for warning in after_warnings:
         if warning not in before_warnings:
             losses.append(f"new warning: {warning}")
@@ -137,6 +190,11 @@ class CriLoaded(TypedDict):
     enable_cdi: bool | None
     registry_config_path: str | None
     error: str | None
+    source: str  # how it was read: JOURNAL, CTR or "" (nothing found)
+
+
+JOURNAL = "the CRI plugin's start line in the journal"
+CTR = "ctr plugins ls (CRI plugin status only: no CRI start line at this log level)"
 
 
 def _go_map_keys(text: str, start: int) -> list[str]:
@@ -172,6 +230,7 @@ def _cri_loaded(
     enable_cdi: bool | None = None,
     registry_config_path: str | None = None,
     error: str | None = None,
+    source: str = JOURNAL,
 ) -> CriLoaded:
     return {
         "loaded": loaded,
@@ -180,6 +239,7 @@ def _cri_loaded(
         "enable_cdi": enable_cdi,
         "registry_config_path": registry_config_path,
         "error": error,
+        "source": source,
     }
 
 
@@ -212,10 +272,33 @@ def _parse_cri_line(line: str) -> CriLoaded | None:
 
 def parse_cri_start_log(lines: list[str]) -> CriLoaded:
     """What the running daemon's CRI plugin loaded, from its last start (or failure) log line."""
-    result = _cri_loaded(False)
+    result = _cri_loaded(False, source="")
     for line in lines:
         result = _parse_cri_line(line) or result
     return result
+
+
+_CTR_CRI = re.compile(r"^io\.containerd\.(?:grpc\.v1\s+cri|cri\.v1\s+\w+)\s+\S+\s+(\w+)\s*$")
+
+
+def parse_cri_loaded(journal: list[str], ctr: list[str]) -> CriLoaded:
+    """
+    What the running daemon's CRI plugin loaded: from its start line in the journal where there
+    is one, else (containerd logging above info, or elsewhere) from ``ctr plugins ls``, which
+    gives the CRI plugins' status (``ok``/``error``) but not the runtimes they loaded.
+    ``ctr`` holds the CRI rows of ``ctr plugins ls`` and any ``Message:`` of a plugin error.
+    """
+    logged = parse_cri_start_log(journal)
+    if logged["source"]:
+        return logged
+    statuses = [match.group(1) for match in map(_CTR_CRI.match, ctr) if match]
+    if not statuses:
+        return logged
+    if any(status != "ok" for status in statuses):
+        messages = [line.strip().removeprefix("Message:").strip() for line in ctr if "Message:" in line]
+        detail = "; ".join(messages) or f"CRI plugin status {', '.join(statuses)}"
+        return _cri_loaded(False, error=f"ctr plugins ls: {detail}", source=CTR)
+    return _cri_loaded(True, source=CTR)
 
 
 
@@ -229,6 +312,7 @@ def expected_after_restart(summary: DumpSummary, previous: CriLoaded) -> CriLoad
         default_runtime_name=summary["default_runtime_name"],
         enable_cdi=None,
         registry_config_path=summary["registry_config_path"],
+        source="the config dump and the previous daemon",
     )
 
 
@@ -238,11 +322,14 @@ def restart_problem(active_state: str, result: str, loaded: CriLoaded, expected:
     its CRI plugin loaded every expected runtime, the same default runtime and (where the daemon
     logs it: 1.x) the same registry ``config_path``. ``result`` is the unit's ``Result``;
     ``start-limit-hit`` means systemd refuses starts until ``systemctl reset-failed``.
+    Read through ``ctr`` (no start line in the journal), only the CRI plugin's status is known.
     """
     if active_state != "active":
         return f"the unit is {active_state or 'unknown'} (result {result or 'unknown'})"
     if not loaded["loaded"]:
-        return f"the CRI plugin did not load: {loaded['error'] or 'no start line'}"
+        return f"the CRI plugin did not load: {loaded['error'] or 'no start line and no answer from ctr'}"
+    if loaded["source"] == CTR:
+        return None
     missing = sorted(set(expected["runtimes"]) - set(loaded["runtimes"]))
     if missing:
         return f"the CRI plugin lacks runtimes {', '.join(missing)}"

@@ -9,17 +9,28 @@ From the CLI the deploy files call them; from Python::
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import State, deploy
 from pyinfra.facts.server import LinuxDistribution
 
+from pyinfra_gpunode.driver_plan import DriverRequest, DriverRequestError, check_request, resolve_source
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaGpus
 from pyinfra_gpunode.hostdata import HostDataError, validate
 from pyinfra_gpunode.log import logger
-from pyinfra_gpunode.operations import cdi, containerd, distribution, kernel, nvidia, rollout, unattended_upgrades
-from pyinfra_gpunode.rollout import NodeReport, rollout_order
+from pyinfra_gpunode.operations import (
+    cdi,
+    distribution,
+    hostdata,
+    kernel,
+    nvidia,
+    rollout,
+    unattended_upgrades,
+)
+from pyinfra_gpunode.rollout import NodeReport, NodeSettings, rollout_order
+from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit
 
 
 def settings() -> dict[str, Any]:
@@ -54,40 +65,89 @@ def _runtime(values: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Per run (State): every node's own rollout settings, added as each host's deploy runs (at prepare,
+# so complete before the rollout executes); hosts whose data was refused are not in it.
+_NODES: weakref.WeakKeyDictionary[State, dict[str, NodeSettings]] = weakref.WeakKeyDictionary()
+
+
 @deploy("Register the nvidia runtime with containerd")
 def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
     """
-    Register the nvidia runtime with containerd. With ``gpunode_containerd_restart: rolling``
-    each node's files are written at its turn and containerd restarted and verified one node at
-    a time, in rollout order, halting at the first failure; with ``none`` files are only written.
+    Register the nvidia runtime with containerd, each node with its own host data. With
+    ``gpunode_containerd_restart: rolling`` each node's files are written at its turn and
+    containerd restarted and verified one node at a time, in rollout order, halting at the
+    first failure; with ``none`` files are only written. The node is locked for the run.
     ``values``: this host's ``settings()`` when the caller has them already.
     """
     values = values or settings()
-    if values["gpunode_containerd_restart"] == "rolling":
-        rollout.nvidia_runtime_rolled_out(
-            name="containerd: nvidia runtime rolled out one node at a time",
-            order=values["rollout_order"],
-            runtime=_runtime(values),
-            timeout=values["gpunode_restart_timeout"],
-            _serial=True,
-        )
-    else:
-        containerd.nvidia_runtime(name="containerd: nvidia runtime registered", **_runtime(values))
+    nodes = _NODES.setdefault(state._get_module(), {})  # type: ignore[attr-defined]
+    nodes[host.name] = {
+        "runtime": _runtime(values),
+        "timeout": values["gpunode_restart_timeout"],
+        "restart": values["gpunode_containerd_restart"],
+    }
+    rollout.node_locked(name="node: locked for this run")
+    rollout.nvidia_runtime_rolled_out(
+        name="containerd: nvidia runtime rolled out one node at a time",
+        order=values["rollout_order"],
+        nodes=nodes,
+        _serial=True,
+    )
 
 
 def _report() -> NodeReport:
     return rollout.REPORTS.setdefault(state._get_module(), {}).setdefault(host.name, NodeReport())  # type: ignore[attr-defined]
 
 
-def _driver_ready() -> bool:
+def _driver_request(values: dict[str, Any]) -> DriverRequest:
+    return DriverRequest(
+        values["gpunode_driver_branch"],
+        values["gpunode_driver_version"],
+        values["gpunode_driver_flavor"],
+        values["gpunode_allow_dkms"],
+        values["gpunode_mok_enrolled"],
+    )
+
+
+def _accepted_settings() -> dict[str, Any] | None:
+    """This host's settings; None once the host is set to fail with the reason (naming the key),
+    so that nothing runs on it and a dry run prints the reason as its plan."""
+    try:
+        values = settings()
+        check_request(_driver_request(values))
+        check_toolkit(
+            values["gpunode_toolkit_source"], values["gpunode_toolkit_version"], values["gpunode_toolkit_deb_dir"]
+        )
+    except (DriverRequestError, ToolkitRequestError) as exc:
+        prefix = "driver" if isinstance(exc, DriverRequestError) else "toolkit"
+        error = f"host-data key 'gpunode_{prefix}_{exc.argument}': {exc}"
+    except HostDataError as exc:
+        error = str(exc)
+    else:
+        return values
+    hostdata.accepted(name="host data: accepted", error=error)
+    return None
+
+
+def _driver_ready(values: dict[str, Any]) -> bool:
     """``_if`` of the GPU steps after the driver: false (and reported) while a reboot is pending."""
     report = _report()
     if report.driver_ready is None:
         driver = host.get_fact(NvidiaDriver)
-        report.driver_ready = bool(driver["loaded"] and not driver["mismatch"])
-        if not report.driver_ready:
-            loaded = driver["kernel_module_version"] or "no module"
-            report.pending.append(f"reboot: driver {driver['userspace_version'] or '?'} installed, {loaded} loaded")
+        loaded, userspace = driver["kernel_module_version"], driver["userspace_version"]
+        report.driver_ready = bool(loaded and userspace and not driver["mismatch"])
+        source, _ = resolve_source(
+            values["gpunode_driver_source"], check_request(_driver_request(values)), loaded
+        )
+        if source == "preinstalled":
+            report.skipped.append(f"driver {loaded} ({driver['module_flavor'] or 'unknown flavour'}) preinstalled")
+        if loaded and not userspace:
+            report.pending.append(f"driver {loaded} loaded, but the loader finds no libnvidia-ml.so.1")
+            report.skipped.append("Fabric Manager, toolkit, CDI: no NVIDIA userspace library")
+            logger.warning("%sno NVIDIA userspace library: Fabric Manager, toolkit and CDI steps skipped",
+                           host.print_prefix)
+        elif not report.driver_ready:
+            report.pending.append(f"reboot: driver {userspace or '?'} installed, {loaded or 'no module'} loaded")
             report.skipped.append("Fabric Manager, toolkit, CDI: reboot pending")
             logger.warning("%sreboot pending: Fabric Manager, toolkit and CDI steps skipped", host.print_prefix)
     return report.driver_ready
@@ -97,14 +157,18 @@ def _driver_ready() -> bool:
 def gpu_node_prepared() -> None:
     """
     Prepare the node in dependency order: kernel held, unattended-upgrades and needrestart,
-    nouveau, then on nodes with an NVIDIA GPU the driver and, once it is loaded, Fabric
-    Manager, the container toolkit and the CDI spec; last the containerd runtime, rolled out
-    one node at a time, and a per-node summary.
+    nouveau, then on nodes with an NVIDIA GPU the driver (installed from packages, or the
+    node's own) and, once it is loaded, Fabric Manager, the container toolkit and the CDI spec;
+    last the containerd runtime, rolled out one node at a time, and a per-node summary. A node
+    whose host data is refused fails with the reason before anything runs on it.
     """
     if distribution.refusal(host.get_fact(LinuxDistribution)["release_meta"]):
         distribution.supported(name="distribution: supported")  # fails the node before any change
         return
-    values = settings()
+    values = _accepted_settings()
+    if values is None:
+        return
+    rollout.node_locked(name="node: locked for this run")
     kernel.held(name="kernel: held", present=values["gpunode_kernel_hold"])
     unattended_upgrades.configured(
         name="unattended-upgrades and needrestart: configured",
@@ -115,25 +179,26 @@ def gpu_node_prepared() -> None:
     kernel.nouveau_blacklisted(name="nouveau: blacklisted")
     if host.get_fact(NvidiaGpus)["gpus"]:
         nvidia.driver(
-            name="NVIDIA driver: installed and held",
+            name="NVIDIA driver: installed and held, or preinstalled",
+            source=values["gpunode_driver_source"],
             branch=values["gpunode_driver_branch"],
             version=values["gpunode_driver_version"],
             flavor=values["gpunode_driver_flavor"],
             allow_dkms=values["gpunode_allow_dkms"],
             mok_enrolled=values["gpunode_mok_enrolled"],
             reboot=values["gpunode_reboot"],
+            replace_preinstalled=values["gpunode_driver_replace_preinstalled"],
         )
-        nvidia.fabric_manager(name="Fabric Manager: matches the driver", _if=_driver_ready)
+        ready = partial(_driver_ready, values)
+        nvidia.fabric_manager(name="Fabric Manager: matches the driver", _if=ready)
         nvidia.container_toolkit(
             name="NVIDIA Container Toolkit: installed and held",
             source=values["gpunode_toolkit_source"],
             version=values["gpunode_toolkit_version"],
             deb_dir=values["gpunode_toolkit_deb_dir"],
-            _if=_driver_ready,
+            _if=ready,
         )
-        cdi.spec(
-            name="CDI spec: current for the loaded driver", path=values["gpunode_cdi_spec_path"], _if=_driver_ready
-        )
+        cdi.spec(name="CDI spec: current for the loaded driver", path=values["gpunode_cdi_spec_path"], _if=ready)
     else:
         _report().skipped.append("driver, Fabric Manager, toolkit, CDI: no NVIDIA GPU")
         logger.info("%sno NVIDIA GPU: driver, Fabric Manager, toolkit and CDI steps skipped", host.print_prefix)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 from pyinfra_gpunode.hostdata import HostDataError
 
@@ -52,3 +53,42 @@ def summary_table(reports: dict[str, NodeReport]) -> str:
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
              for row in (header, *rows)]
     return "\n".join(lines)
+
+
+class NodeSettings(TypedDict):
+    """One node's part in the rollout, from its own host data."""
+
+    runtime: dict[str, Any]  # containerd.nvidia_runtime arguments
+    timeout: int  # seconds a restart may take
+    restart: str  # "rolling" or "none" (files only)
+
+
+def node_settings(nodes: Mapping[str, Mapping[str, Any]], name: str) -> NodeSettings:
+    """``name``'s settings from ``nodes``; a node not listed takes the defaults."""
+    given = nodes.get(name, {})
+    return {
+        "runtime": dict(given.get("runtime", {})),
+        "timeout": int(given.get("timeout", 60)),
+        "restart": str(given.get("restart", "rolling")),
+    }
+
+
+def unit_problem(service: Mapping[str, Any] | None) -> str | None:
+    """
+    Why containerd on this node cannot be restarted and verified as ``containerd.service``, or
+    ``None``: no systemd, no such unit (naming where containerd runs instead), a socket-activated
+    unit, or a containerd process outside the unit.
+    """
+    refused = "containerd is neither written nor restarted here (gpunode_containerd_restart: none writes files only)"
+    if service is None:
+        return f"systemd does not run this node (no /run/systemd/system): {refused}"
+    processes = service.get("processes", [])
+    found = ", ".join(f"pid {proc['pid']} in {proc['unit'] or 'no unit'}" for proc in processes)
+    if service.get("load_state", "loaded") != "loaded":
+        where = f"containerd runs as {found}" if processes else "no containerd process runs"
+        return f"containerd.service is {service.get('load_state') or 'unknown'} ({where}): {refused}"
+    if service.get("triggered_by"):
+        return f"containerd.service is socket-activated by {', '.join(service['triggered_by'])}: {refused}"
+    if any(proc["unit"] != "containerd.service" for proc in processes):
+        return f"containerd runs outside containerd.service ({found}): {refused}"
+    return None

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import difflib
+import posixpath
+import shlex
 from dataclasses import dataclass, field
 
 from pyinfra import host, state
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
+from pyinfra.facts.files import File
 
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, plan, staged_imports
 from pyinfra_gpunode.containerd_dump import (
     CriLoaded,
     candidate_losses,
     expected_after_restart,
+    redacted,
     restart_problem,
     runc_runtime,
     summarize,
 )
+from pyinfra_gpunode.containerd_files import CONFIG_ROOT, links_in_the_way, strictest_mode
 from pyinfra_gpunode.facts.containerd import (
+    DEFAULT_ADDRESS,
     ContainerdCandidateDump,
     ContainerdConfigDump,
     ContainerdConfigFiles,
@@ -25,12 +31,13 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdNodeState,
     ContainerdService,
     ContainerdServiceInfo,
+    candidate_input,
 )
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail, write_file
 
-BACKUP_DIR = "/var/lib/pyinfra-gpunode/backup"
-BACKUP = f"{BACKUP_DIR}/containerd.tar"
+BACKUP_DIR = "/var/lib/pyinfra-gpunode/backup"  # mode 0700: the files can carry registry credentials
+FAILED_DIR = "/var/lib/pyinfra-gpunode/failed"  # mode 0700, like the backups
 
 
 def _check_absolute(name: str, value: str) -> None:
@@ -46,6 +53,7 @@ class Registration:
     installed: bool = True
     writes: dict[str, str] = field(default_factory=dict)  # path -> new text
     current: dict[str, str] = field(default_factory=dict)  # path -> text on the node
+    modes: dict[str, str] = field(default_factory=dict)  # path -> mode it is written with
     service: ContainerdServiceInfo | None = None
 
     @property
@@ -53,10 +61,12 @@ class Registration:
         return bool(self.service and self.service["restart_pending"])
 
     def diff(self) -> str:
+        """The planned changes as a unified diff, credential values redacted."""
         return "".join(
             "".join(difflib.unified_diff(
-                self.current.get(path, "").splitlines(keepends=True), text.splitlines(keepends=True),
-                fromfile=f"{path} (node)", tofile=f"{path} (planned)",
+                redacted(self.current.get(path, "")).splitlines(keepends=True),
+                redacted(text).splitlines(keepends=True),
+                fromfile=f"{path} (node)", tofile=f"{path} (planned, mode {self.modes.get(path, '644')})",
             ))
             for path, text in self.writes.items()
         )
@@ -100,35 +110,52 @@ def registration(
         message = f"nvidia runtime binary {binary} is missing on the node"
         if binary_required:
             return Registration(f"containerd config not changed: {message} (gpunode_runtime_binary_required)")
+        if default_runtime:
+            return Registration(f"containerd config not changed: {message}, and making nvidia the default "
+                                "runtime (gpunode_nvidia_default_runtime) would fail every pod without a "
+                                "RuntimeClass: install the runtime first")
         logger.warning("%s%s; containers using the nvidia runtime will fail until it is installed",
                        host.print_prefix, message)
 
+    # A written file is as strict as the files whose keys it carries (registry credentials).
+    modes = {
+        result.config_path: files["modes"].get(result.config_path, "644"),
+        OUR_DROPIN: strictest_mode([files["modes"][path] for path in result.sources if path in files["modes"]]),
+    }
     writes = {
         path: text
         for path, text in ((result.config_path, result.config_text), (OUR_DROPIN, result.dropin_text))
-        if files["texts"].get(path) != text
+        if files["texts"].get(path) != text or files["modes"].get(path, modes[path]) != modes[path]
     }
     current = {path: files["texts"][path] for path in writes if path in files["texts"]}
     if not writes:
         return Registration(service=node["service"])
+    links = links_in_the_way(list(writes), files["links"])
+    if links:
+        return Registration("containerd config not changed: " + "; ".join(links)
+                            + ": gpunode writes real files only, never through a link; "
+                            "replace the link with the file or directory it points to")
 
     after = host.get_fact(
         ContainerdCandidateDump,
         config_path=result.config_path,
-        config_text=staged_imports(result.config_text),
         dropin_path=OUR_DROPIN,
-        dropin_text=result.dropin_text,
+        _stdin=candidate_input(staged_imports(result.config_text), result.dropin_text),
     )
+    found = Registration(writes=writes, current=current, modes={path: modes[path] for path in writes})
     if after is None or after["error"]:
-        return Registration("containerd config not changed: containerd rejects the candidate config: "
-                            f"{after['error'] if after else 'no dump'}", writes=writes, current=current)
+        found.problem = ("containerd config not changed: containerd rejects the candidate config: "
+                         f"{after['error'] if after else 'no dump'}")
+        return found
     losses = candidate_losses(
-        before_dump, after["dump"], before["warnings"] if before else [], after["warnings"], result.intended, binary
+        before_dump, after["dump"], before["warnings"] if before else [], after["warnings"], result.intended, binary,
+        result.user_set,
     )
     if losses:
-        return Registration("containerd config not changed: the candidate would lose: " + "; ".join(losses),
-                            writes=writes, current=current)
-    return Registration(writes=writes, current=current, service=node["service"])
+        found.problem = "containerd config not changed: the candidate would lose: " + "; ".join(losses)
+        return found
+    found.service = node["service"]
+    return found
 
 
 @operation()
@@ -162,10 +189,9 @@ def nvidia_runtime(
     the node and judged by the node's own ``containerd config dump``: nvidia present, every
     runtime present before still present, the default runtime defined, every other CRI key
     unchanged and no new warning. Otherwise the host fails with what would have been lost and
-    nothing changes. The previous ``/etc/containerd`` is kept in
-    ``/var/lib/pyinfra-gpunode/backup/containerd.tar`` (``restarted_if_pending`` restores it
-    when the restart fails). containerd is not restarted: a restart is pending until it is
-    (see ``ContainerdService``).
+    nothing changes. Take a backup first with ``config_backed_up`` (the rollout does, at each
+    node's turn). containerd is not restarted: a restart is pending until it is (see
+    ``ContainerdService``).
 
     **Example:**
 
@@ -186,62 +212,109 @@ def nvidia_runtime(
     if not found.writes:
         host.noop("containerd runtime nvidia is registered")
         return
-    yield StringCommand(
-        "mkdir", "-p", BACKUP_DIR, "&&",
-        "if", "[", "-d", "/etc/containerd", "];", "then",
-        "tar", "-C", "/", "-cf", f"{BACKUP}.new", "etc/containerd", ";",
-        "else", "tar", "-cf", f"{BACKUP}.new", "-T", "/dev/null", ";", "fi", "&&",
-        "mv", "-f", f"{BACKUP}.new", QuoteString(BACKUP),
-    )
     for path, text in found.writes.items():
-        yield from write_file(path, text)
+        yield from write_file(path, text, mode=found.modes[path])
     if state.is_executing:
         logger.info("%scontainerd restart pending: %s", host.print_prefix, ", ".join(found.writes))
 
 
-FAILED_DIR = "/var/lib/pyinfra-gpunode/failed"
+def backup_paths(main_path: str) -> list[str]:
+    """What a backup holds: ``/etc/containerd``, and the main config where it lives outside it."""
+    return [CONFIG_ROOT, *([main_path] if not main_path.startswith(f"{CONFIG_ROOT}/") else [])]
+
+
+@operation(is_idempotent=False, idempotent_notice="Takes a new copy each time it runs.")
+def config_backed_up(path: str):
+    """
+    Save containerd's config tree in a tar readable by root only, before it is changed.
+
+    + path: the tar to write (absolute); its directory is created with mode 0700
+
+    The tar holds ``/etc/containerd`` and, where the unit starts containerd with a main config
+    outside it (``--config /etc/k8s/containerd.toml``), that file too: exactly what
+    ``restarted_if_pending(backup=path)`` puts back. A path that does not exist is left out
+    (a restore then removes it again). The files can carry registry credentials: the tar is
+    mode 0600 in a 0700 directory.
+
+    **Example:**
+
+    .. code:: python
+
+        containerd.config_backed_up(
+            name="Back up containerd's config",
+            path="/var/lib/pyinfra-gpunode/backup/containerd-20261201T000000Z.tar",
+        )
+    """
+    _check_absolute("path", path)
+    files = host.get_fact(ContainerdConfigFiles)
+    partial = f"{path}.partial"
+    yield StringCommand(
+        "umask", "077", "&&", "install", "-d", "-m", "0700", QuoteString(posixpath.dirname(path)), "&&",
+        "tar", "-C", "/", "--ignore-failed-read", "-cf", QuoteString(partial),
+        *(QuoteString(item.lstrip("/")) for item in backup_paths(files["main_path"])), "&&",
+        "mv", "-f", QuoteString(partial), QuoteString(path),
+    )
+
 
 # Restart (after clearing a start-limit-hit state), then wait until the unit is active and the
-# CRI plugin of this invocation logged its start or its failure, or the unit gave up. Exits 0:
-# the facts read afterwards judge the result.
+# CRI plugin of this invocation logged its start or its failure, or (2 s on, for a containerd
+# that logs above info) ctr lists the CRI plugin, or the unit gave up. Exits 0: the facts read
+# afterwards judge the result.
 _RESTART_AND_WAIT = (
     "systemctl reset-failed containerd 2>/dev/null; "
-    "if systemctl restart containerd; then "
+    "if systemctl restart containerd; then n=0; "
     "for i in $(seq 1 {ticks}); do "
     "s=$(systemctl show -p ActiveState --value containerd); "
     'if [ "$s" = active ]; then '
     "id=$(systemctl show -p InvocationID --value containerd); "
     'journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | '
     "grep -qE 'Start cri plugin with config|starting cri plugin|failed to load plugin io.containerd.(grpc.v1.cri|cri)' "
-    '&& break; elif [ "$s" = failed ] || [ "$s" = inactive ]; then break; fi; sleep 0.2; done; fi; true'
-)
-
-# Put the backup taken before our last write back in place; the failed config is kept aside.
-_RESTORE = (
-    "t=$(mktemp -d /etc/.gpunode-restore.XXXXXX) && tar -C \"$t\" -xf {backup} && "
-    "aside={failed}/containerd-$(date -u +%Y%m%dT%H%M%S.%NZ) && mkdir -p \"$aside\" && "
-    "{{ if [ -d /etc/containerd ]; then mv /etc/containerd \"$aside\"/; fi; }} && "
-    "{{ if [ -d \"$t/etc/containerd\" ]; then mv \"$t/etc/containerd\" /etc/containerd; fi; }}; "
-    "rm -rf \"$t\"; true"
+    "&& break; n=$((n + 1)); "
+    'if [ "$n" -ge 10 ] && timeout 10 ctr --address {address} plugins ls 2>/dev/null | '
+    "grep -qE '^io[.]containerd[.]grpc[.]v1 +cri '; then break; fi; "
+    'elif [ "$s" = failed ] || [ "$s" = inactive ]; then break; fi; sleep 0.2; done; fi; true'
 )
 
 
-@operation(is_idempotent=False, idempotent_notice="Restarts containerd only when its config is newer than the daemon.")
-def restarted_if_pending(timeout: int = 60):
+def _restore(backup: str, paths: list[str], failure: str) -> StringCommand:
+    """Put ``paths`` back as ``backup`` holds them (removing those it lacks); the failed files go aside."""
+    return StringCommand(
+        "umask 077; t=$(mktemp -d /etc/.gpunode-restore.XXXXXX) && {", "tar", "-C", '"$t"', "-xf", QuoteString(backup),
+        "&&", f"aside={FAILED_DIR}/containerd-$(date -u +%Y%m%dT%H%M%S.%NZ)", "&&",
+        "install", "-d", "-m", "0700", FAILED_DIR, '"$aside"', "&&",
+        "ok=1 && for p in", *(QuoteString(path) for path in paths), "; do",
+        'if [ -e "$p" ] || [ -L "$p" ]; then mkdir -p "$aside$(dirname "$p")" && mv "$p" "$aside$p" || ok=0; fi;',
+        'if [ -e "$t$p" ] || [ -L "$t$p" ]; then mv "$t$p" "$p" || ok=0; fi; done &&',
+        'chmod -R go-rwx "$aside" && [ "$ok" = 1 ];',
+        '} || { rm -rf "$t"; echo', QuoteString(failure), '>&2; exit 1; }; rm -rf "$t"',
+    )
+
+
+@operation(
+    is_idempotent=False,
+    idempotent_notice="Restarts containerd only when its config is newer than the daemon or the unit is down.",
+)
+def restarted_if_pending(timeout: int = 60, backup: str | None = None):
     """
-    Restart containerd when a config file is newer than the running daemon, verify it, and
-    put the previous config back when the new one does not come up.
+    Restart containerd when a config file is newer than the running daemon or the unit is not
+    active (failed, stopped), verify it, and put back what this run changed when the new
+    config does not come up.
 
     + timeout: seconds to wait for the unit to be active and the CRI plugin to report
+    + backup: the tar ``config_backed_up`` saved before this run wrote the config; ``None``
+      when this run wrote nothing (then a failed restart restores nothing and says so)
 
     Verification: the unit is active and the CRI plugin of the new daemon loaded every runtime
     of the merged config (nvidia included) and every runtime the previous daemon had, with the
-    dump's default runtime and registry ``config_path``. On failure the ``/etc/containerd``
-    saved by ``nvidia_runtime`` is restored (the failed files are kept under
-    ``/var/lib/pyinfra-gpunode/failed/``), containerd is restarted again and checked against
-    what the previous daemon loaded, and the host fails with both findings.
-    ``systemctl reset-failed`` precedes each restart, so systemd's start rate limit
-    (``start-limit-hit``) cannot keep the unit down. ``systemctl restart`` is used, never SIGHUP.
+    dump's default runtime and registry ``config_path``, read from the plugin's start line in
+    the journal; where containerd logs no such line (``[debug] level`` above info), from
+    ``ctr plugins ls``: the CRI plugin's status ``ok`` on a daemon started after the config was
+    written. The log says which way was used. On failure the paths in ``backup`` are restored
+    (the failed files are kept under ``/var/lib/pyinfra-gpunode/failed/``, mode 0700),
+    containerd is restarted again and checked against what the previous daemon loaded, and the
+    host fails with both findings. ``systemctl reset-failed`` precedes each restart, so
+    systemd's start rate limit (``start-limit-hit``) cannot keep the unit down.
+    ``systemctl restart`` is used, never SIGHUP.
 
     **Example:**
 
@@ -253,28 +326,40 @@ def restarted_if_pending(timeout: int = 60):
     if not service or not service["restart_pending"]:
         host.noop("containerd runs its current config")
         return
-    previous = host.get_fact(ContainerdCriLoaded)
     files = host.get_fact(ContainerdConfigFiles)
     dump = host.get_fact(ContainerdConfigDump, config_path=files["main_path"])
+    address = str((dump["dump"] if dump else {}).get("grpc", {}).get("address") or DEFAULT_ADDRESS)
+    previous = host.get_fact(ContainerdCriLoaded, address=address)
     expected = expected_after_restart(summarize(dump["dump"] if dump else {}), previous)
-    restart = StringCommand(_RESTART_AND_WAIT.format(ticks=max(1, int(timeout)) * 5))
+    restart = StringCommand(_RESTART_AND_WAIT.format(ticks=max(1, int(timeout)) * 5, address=shlex.quote(address)))
+    if state.is_executing:
+        logger.info("%srestarting containerd: %s", host.print_prefix, service["restart_reason"])
     yield restart
-    problem = _problem(expected)
+    problem, loaded = _problem(expected, address)
     if problem is None:
+        logger.info("%scontainerd restarted and verified by %s", host.print_prefix, loaded["source"])
         return
-    yield StringCommand(_RESTORE.format(backup=BACKUP, failed=FAILED_DIR))
+    failed = f"containerd failed after the restart: {problem}"
+    if backup is None:
+        yield fail(f"{failed}; nothing was restored: this run wrote no containerd config on this node "
+                   f"(the restart was due because {service['restart_reason']})")
+        return
+    if not host.get_fact(File, path=backup):
+        yield fail(f"{failed}; nothing was restored: the backup {backup} is missing")
+        return
+    yield _restore(backup, backup_paths(files["main_path"]), f"{failed}; restoring {backup} failed")
     yield restart
-    problem_after_rollback = _problem(previous)
+    problem_after_rollback, _ = _problem(previous, address)
     if problem_after_rollback is None:
-        yield fail(f"containerd failed after the restart: {problem}; "
-                   "the previous config was restored and containerd runs it again")
+        yield fail(f"{failed}; the config this run wrote was replaced by the backup taken before it "
+                   "and containerd runs it again")
     else:
-        yield fail(f"containerd failed after the restart: {problem}; "
-                   f"after restoring the previous config: {problem_after_rollback}")
+        yield fail(f"{failed}; after restoring the backup taken before this run's write: {problem_after_rollback}")
 
 
-def _problem(expected: CriLoaded) -> str | None:
+def _problem(expected: CriLoaded, address: str) -> tuple[str | None, CriLoaded]:
     service = host.get_fact(ContainerdService)
+    loaded = host.get_fact(ContainerdCriLoaded, address=address)
     if not service:
-        return "systemd does not answer"
-    return restart_problem(service["active_state"], service["result"], host.get_fact(ContainerdCriLoaded), expected)
+        return "systemd does not answer", loaded
+    return restart_problem(service["active_state"], service["result"], loaded, expected), loaded

@@ -1,4 +1,4 @@
-"""Pure logic of the rollout: order, restart verification, the summary table."""
+"""Pure logic of the rollout: order, per-node settings, units refused, restart verification, the summary table."""
 
 from __future__ import annotations
 
@@ -7,13 +7,16 @@ from pathlib import Path
 import pytest
 
 from pyinfra_gpunode.containerd_dump import (
+    CTR,
+    JOURNAL,
     expected_after_restart,
+    parse_cri_loaded,
     parse_cri_start_log,
     restart_problem,
     summarize,
 )
 from pyinfra_gpunode.hostdata import HostDataError
-from pyinfra_gpunode.rollout import NodeReport, rollout_order, summary_table
+from pyinfra_gpunode.rollout import NodeReport, node_settings, rollout_order, summary_table, unit_problem
 
 INVENTORY = ["node1", "node2", "node3"]
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
@@ -72,3 +75,49 @@ def test_summary_table_has_a_row_per_node_in_order() -> None:
     assert lines[0].split() == ["node", "rollout", "changed", "skipped", "pending"]
     assert lines[1].startswith("node2  done") and "kernel: held" in lines[1]
     assert lines[2].startswith("node1  halted: x") and lines[2].endswith("reboot")
+
+
+CTR_OK_1_7 = ["io.containerd.grpc.v1                  cri                      linux/amd64    ok        "]
+CTR_ERROR_1_7 = [
+    "io.containerd.grpc.v1                  cri                      linux/amd64    error     ",
+    "               Message:     invalid plugin config: no corresponding runtime configured in `containerd.runtimes`",
+]
+
+
+def test_cri_read_from_ctr_when_the_journal_has_no_start_line() -> None:
+    """``[debug] level = "warn"``: no start line; ``ctr plugins ls`` still tells ok from error."""
+    ok = parse_cri_loaded([], CTR_OK_1_7)
+    assert ok["loaded"] and ok["source"] == CTR and ok["runtimes"] == []
+    # only the plugin's status is known: active and ok verifies, whatever the dump expects
+    assert restart_problem("active", "success", ok, _loaded(["nvidia", "runc"])) is None
+    error = parse_cri_loaded([], CTR_ERROR_1_7)
+    assert not error["loaded"] and "no corresponding runtime configured" in (error["error"] or "")
+    assert "did not load: ctr plugins ls: invalid plugin config" in (
+        restart_problem("active", "success", error, _loaded(["runc"])) or ""
+    )
+    # the journal's start line wins where there is one; nothing at all is not "loaded"
+    logged = parse_cri_loaded((SAMPLES / "cri-failed-1.7.24.log").read_text().splitlines(), CTR_OK_1_7)
+    assert logged["source"] == JOURNAL and not logged["loaded"]
+    assert not parse_cri_loaded([], [])["loaded"]
+
+
+def _service(**values: object) -> dict[str, object]:
+    return {"load_state": "loaded", "triggered_by": [], "processes": [{"pid": 73, "unit": "containerd.service"}],
+            **values}
+
+
+def test_units_that_cannot_be_restarted_are_refused_naming_what_was_found() -> None:
+    assert unit_problem(_service()) is None
+    assert "no /run/systemd/system" in (unit_problem(None) or "")
+    other = unit_problem(_service(load_state="not-found", processes=[{"pid": 812, "unit": "k3s.service"}]))
+    assert other and "containerd.service is not-found (containerd runs as pid 812 in k3s.service)" in other
+    assert "no containerd process runs" in (unit_problem(_service(load_state="not-found", processes=[])) or "")
+    assert "socket-activated by containerd.socket" in (unit_problem(_service(triggered_by=["containerd.socket"])) or "")
+    second = unit_problem(_service(processes=[{"pid": 73, "unit": "containerd.service"}, {"pid": 90, "unit": ""}]))
+    assert second and "pid 90 in no unit" in second
+
+
+def test_each_node_has_its_own_settings_and_unlisted_nodes_the_defaults() -> None:
+    nodes = {"node3": {"runtime": {"binary": "/opt/c"}, "timeout": 20, "restart": "none"}}
+    assert node_settings(nodes, "node3") == {"runtime": {"binary": "/opt/c"}, "timeout": 20, "restart": "none"}
+    assert node_settings(nodes, "node1") == {"runtime": {}, "timeout": 60, "restart": "rolling"}
