@@ -104,12 +104,32 @@ def test_sections_and_dpkg_status() -> None:
     }
 
 
+def test_distribution_refusal_names_the_distribution() -> None:
+    from pyinfra_gpunode.operations.distribution import refusal
+
+    rocky = {"NAME": "Rocky Linux", "ID": "rocky", "ID_LIKE": "rhel centos fedora", "VERSION_ID": "9.4"}
+    assert refusal(rocky) == (
+        "distribution rocky 9.4 is not supported (supported: debian, ubuntu); nothing was changed on this node"
+    )
+    assert refusal({"ID": "debian"}) is None  # sid has no VERSION_ID
+    assert refusal({"ID": "ubuntu", "VERSION_ID": "24.04"}) is None
+    assert refusal({"ID": "linuxmint", "ID_LIKE": "ubuntu debian", "VERSION_ID": "22"}) is not None
+    assert "unknown (no /etc/os-release)" in (refusal({}) or "")
+
+
+def test_trailing_newline_is_not_a_name() -> None:
+    with pytest.raises(ValueError, match=r"'nvidia-\\n'"):
+        render_apt_conf("blacklist", ["linux-", "nvidia-\n"])
+    with pytest.raises(ValueError, match=r"'containerd\\n'"):
+        check_services(["containerd\n"])
+
+
 def _operations() -> list[object]:
-    from pyinfra_gpunode.operations import cdi, kernel, nvidia, unattended_upgrades
+    from pyinfra_gpunode.operations import cdi, distribution, kernel, nvidia, unattended_upgrades
 
     return [
         kernel.held, kernel.nouveau_blacklisted, unattended_upgrades.configured, nvidia.driver,
-        nvidia.fabric_manager, nvidia.container_toolkit, cdi.spec,
+        nvidia.fabric_manager, nvidia.container_toolkit, cdi.spec, distribution.supported,
     ]  # fmt: skip
 
 
