@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/mypy gpunode facts operations
+.venv/bin/mypy gpunode facts operations verify
 exec .venv/bin/pytest "$@"

@@ -119,7 +119,7 @@ def test_reboot_boots_the_host_again(fleet: Fleet) -> None:
 
 @pytest.mark.fleet
 def test_verification_suite_judges_a_fleet_host(fleet: Fleet, verify: Verify) -> None:
-    """tests/verify runs against the fleet's inventory; an undeployed host fails the runtime checks."""
+    """pyinfra_gpunode.verify runs against the fleet's inventory; an undeployed host fails the runtime checks."""
     fleet.reset(["node1"])
     result = verify(fleet, checks="containerd", hosts=["node1"])
     assert "test_containerd.py::test_containerd_active_and_enabled[node1] PASSED" in result.stdout, result.stdout
