@@ -16,6 +16,7 @@ user's drop-in glob, so no user drop-in can load after it:
 from __future__ import annotations
 
 import copy
+import re
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -32,6 +33,9 @@ CRI_V3_RUNTIME = "io.containerd.cri.v1.runtime"
 CRI_V3_IMAGES = "io.containerd.cri.v1.images"
 RUNC_V2 = "io.containerd.runc.v2"
 RUNTIME = "nvidia"
+# Runtime keys containerd fills in itself when a file leaves them empty or unset.
+FILLED_IN = {"runtime_type": RUNC_V2, "sandbox_mode": "podsandbox"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 OUR_DROPIN = "/etc/containerd/gpunode/nvidia-runtime.toml"
 
 
@@ -55,6 +59,9 @@ class Plan:
     dropin_text: str = ""
     dropin_data: dict[str, Any] = field(default_factory=dict)
     intended: dict[str, Any] = field(default_factory=dict)
+    # Values the user's files set that our files must keep: dotted key -> (file, value).
+    user_set: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)  # files whose keys our drop-in carries
     schema: int = 2
     account: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -143,19 +150,54 @@ def _cri_table(config: ConfigFile, plugin: str) -> dict[str, Any]:
 
 
 def _nvidia_runtime(
-    runtimes: dict[str, Any], runc_default: dict[str, Any], options: Options
+    runtimes: dict[str, Any], runc_default: dict[str, Any], options: Options, user_set: dict[str, tuple[str, Any]]
 ) -> tuple[dict[str, Any], str]:
-    """The nvidia runtime: runc's settings copied, BinaryName ours, SystemdCgroup following runc."""
+    """The nvidia runtime: runc's settings under the user's own, BinaryName ours, SystemdCgroup
+    as asked, else as a user's file sets it for nvidia, else following runc."""
     runc = runtimes.get("runc", runc_default)
     runc_options = runc.get("options", {})
     base = deep_merge({"runtime_type": RUNC_V2}, runc)
     runtime = deep_merge(base, runtimes.get(RUNTIME, {}))
     runtime.setdefault("options", {})
-    cgroup = runc_options.get("SystemdCgroup", False) if options.systemd_cgroup is None else options.systemd_cgroup
+    setter = user_set.get(f"containerd.runtimes.{RUNTIME}.options.SystemdCgroup")
+    if options.systemd_cgroup is not None:
+        cgroup, why = options.systemd_cgroup, "set by gpunode_nvidia_systemd_cgroup"
+    elif setter is not None:
+        cgroup, why = setter[1], f"as {setter[0]} sets it"
+    else:
+        cgroup, why = runc_options.get("SystemdCgroup", False), "follows runc"
     runtime["options"]["BinaryName"] = options.binary
     runtime["options"]["SystemdCgroup"] = cgroup
-    why = "set by gpunode_nvidia_systemd_cgroup" if options.systemd_cgroup is not None else "follows runc"
     return runtime, f"runtime {RUNTIME}: BinaryName = {options.binary}, SystemdCgroup = {str(cgroup).lower()} ({why})"
+
+
+def _user_values(files: list[ConfigFile]) -> dict[str, tuple[str, Any]]:
+    """Every CRI key the files set (dotted, within its plugin table), with the last file setting it."""
+    values: dict[str, tuple[str, Any]] = {}
+    for config in files:
+        for name in (CRI_V2, CRI_V3_RUNTIME, CRI_V3_IMAGES):
+            values.update((key, (config["path"], value)) for key, value in flatten(_cri_table(config, name)).items())
+    return values
+
+
+def _explicit(options: Options) -> set[str]:
+    """Keys our inputs set on purpose, whatever the files say (the gate does not hold them to the files)."""
+    keys = {"enable_cdi", "cdi_spec_dirs", f"containerd.runtimes.{RUNTIME}.options.BinaryName"}
+    if options.default_runtime:
+        keys.add("containerd.default_runtime_name")
+    if options.systemd_cgroup is not None:
+        keys.add(f"containerd.runtimes.{RUNTIME}.options.SystemdCgroup")
+    return keys
+
+
+def _input_errors(options: Options) -> list[str]:
+    named = [("binary", options.binary), ("dropin_dir", options.dropin_dir)]
+    named += [("cdi_spec_dirs entry", spec_dir) for spec_dir in options.cdi_spec_dirs]
+    return [
+        f"{name} {value!r} contains a newline or another control character; give a plain absolute path"
+        for name, value in named
+        if _CONTROL.search(value)
+    ]
 
 
 def import_entries(options: Options) -> list[str]:
@@ -225,6 +267,9 @@ def plan(
     if (version["major"] == 1 and version["minor"] < 6) or version["major"] not in (1, 2):
         result.errors.append(f"containerd {version['raw']} is not supported (supported: 1.6, 1.7 and 2.x)")
         return result
+    result.errors += _input_errors(options)
+    if result.errors:
+        return result
     main = resolve_tree(main_path, texts)["main"]
     if main is not None:
         result.errors += _schema_errors([main], version["major"])
@@ -253,28 +298,46 @@ def plan(
                 f"version = {result.schema}; containerd may drop its settings"
             )
     runc = without_zero_values(runc_default or {}) or {"runtime_type": RUNC_V2}
+    user_set = _user_values(others)
+    explicit = _explicit(options)
+    result.user_set = {key: value for key, value in user_set.items() if key not in explicit}
     if version["major"] == 1:
-        _plan_full_cri(result, others, version, options, runc)
+        fill = {key: value for key, value in FILLED_IN.items() if key in (runc_default or {"runtime_type": ""})}
+        _plan_full_cri(result, others, version, options, runc, fill)
     else:
         _plan_owned_keys(result, others, plugin, options, runc)
     return result
 
 
 def _plan_full_cri(
-    result: Plan, others: list[ConfigFile], version: ContainerdVersionInfo, options: Options, runc: dict[str, Any]
+    result: Plan,
+    others: list[ConfigFile],
+    version: ContainerdVersionInfo,
+    options: Options,
+    runc: dict[str, Any],
+    fill: dict[str, str],
 ) -> None:
     cri: dict[str, Any] = {}
     for config in others:
         table = _cri_table(config, CRI_V2)
         if table:
             cri = deep_merge(cri, table)
+            result.sources.append(config["path"])
             result.account.append(f"kept CRI keys of {config['path']}: {', '.join(sorted(flatten(table)))}")
     containerd = cri.setdefault("containerd", {})
     runtimes = containerd.setdefault("runtimes", {})
     if "runc" not in runtimes:
         runtimes["runc"] = runc
         result.account.append("added runtime runc as containerd defines it (the CRI plugin needs its default runtime)")
-    runtimes[RUNTIME], line = _nvidia_runtime(runtimes, runc, options)
+    else:
+        missing = {key: value for key, value in fill.items() if not runtimes["runc"].get(key)}
+        if missing:
+            runtimes["runc"] = {**missing, **runtimes["runc"]}
+            result.account.append(
+                "runtime runc: " + ", ".join(f"{key} = {value}" for key, value in missing.items())
+                + " as containerd fills them in (no file sets them)"
+            )
+    runtimes[RUNTIME], line = _nvidia_runtime(runtimes, runc, options, result.user_set)
     result.account.append(line)
     if options.default_runtime:
         containerd["default_runtime_name"] = RUNTIME
@@ -314,7 +377,11 @@ def _plan_owned_keys(
             result.intended.update(flatten(_cri_table(config, name)))
         merged = deep_merge(merged, _cri_table(config, plugin))
     runtimes = merged.get("containerd", {}).get("runtimes", {})
-    nvidia, line = _nvidia_runtime(runtimes, runc, options)
+    result.sources = [
+        config["path"] for config in others
+        if {"runc", RUNTIME} & set(_cri_table(config, plugin).get("containerd", {}).get("runtimes", {}))
+    ]
+    nvidia, line = _nvidia_runtime(runtimes, runc, options, result.user_set)
     owned: dict[str, Any] = {
         "enable_cdi": True,
         "cdi_spec_dirs": list(options.cdi_spec_dirs),

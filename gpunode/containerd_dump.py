@@ -105,7 +105,7 @@ def redacted(text: str) -> str:
 
 def _normal(key: str, value: Any) -> Any:
     """A runtime's empty ``runtime_type``/``sandbox_mode`` as the default containerd fills in."""
-    if False:
+    if key.startswith("containerd.runtimes.") and value == "":
         return FILLED_IN.get(key.rpartition(".")[2], value)
     return value
 

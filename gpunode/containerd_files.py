@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 CONFIG_ROOT = "/etc/containerd"
 _GLOB_META = re.compile(r"[*?\[]")
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
 
 
 class ConfigFile(TypedDict):
@@ -34,7 +35,16 @@ class ConfigTree(TypedDict):
 
 
 def parse_config_file(path: str, text: str) -> ConfigFile:
-    """Parse one config file: its ``version``, ``imports`` and top-level plugin keys."""
+    """Parse one config file: its ``version``, ``imports`` and top-level plugin keys.
+
+    Bytes that are not UTF-8 arrive as surrogate escapes (``errors="surrogateescape"``); such a
+    file is an error naming the first of them, and its text is not kept.
+    """
+    bad = _NOT_UTF8.search(text)
+    if bad:
+        line = text.count("\n", 0, bad.start()) + 1
+        reason = f"not UTF-8: byte 0x{ord(bad.group()) - 0xDC00:02x} on line {line}"
+        return {"path": path, "version": None, "imports": [], "plugins": [], "error": reason, "text": ""}
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -146,3 +156,23 @@ def parsed(config: ConfigFile) -> dict[str, Any]:
     if config["error"]:
         return {}
     return tomllib.loads(config["text"])
+
+
+def strictest_mode(modes: list[str], base: str = "644") -> str:
+    """The permission bits every one of ``modes`` (octal, as ``stat -c %a`` prints them) allows, within ``base``."""
+    bits = int(base, 8)
+    for mode in modes:
+        bits &= int(mode, 8) & 0o777
+    return f"{bits:o}"
+
+
+def links_in_the_way(paths: list[str], links: dict[str, str]) -> list[str]:
+    """Symbolic links at, or in a directory above, the files we would write (``links``: path -> target)."""
+    found = []
+    for path in paths:
+        parts = path.split("/")
+        for depth in range(2, len(parts) + 1):
+            candidate = "/".join(parts[:depth])
+            if candidate in links and candidate not in found:
+                found.append(candidate)
+    return [f"{link} is a symbolic link to {links[link]}" for link in found]

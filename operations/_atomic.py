@@ -17,6 +17,11 @@ def write_file(
 ) -> Iterator[FileUploadCommand | StringCommand]:
     temp = f"{dest}.gpunode-new"
     yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(dest)))
+    if not int(mode, 8) & 0o004:
+        # Not for everyone's eyes (e.g. registry credentials): the upload fills a file made for owner only.
+        yield StringCommand(
+            "rm", "-f", QuoteString(temp), "&&", "(", "umask", "077", "&&", ":", ">", QuoteString(temp), ")"
+        )
     yield FileUploadCommand(StringIO(text), temp)
     yield StringCommand(
         "chown", QuoteString(f"{user}:{group}"), QuoteString(temp),

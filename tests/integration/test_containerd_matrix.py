@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, plan, staged_imports
+from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, Plan, plan, staged_imports
 from pyinfra_gpunode.containerd_dump import candidate_losses, parse_cri_start_log, runc_runtime
 from pyinfra_gpunode.facts.containerd import (
     ContainerdCandidateDump,
     ContainerdConfigDump,
     ContainerdConfigFiles,
     ContainerdVersion,
+    candidate_input,
 )
 from tests.realbin.namespace import ScenarioHost
 from tests.realbin.scenarios import (
@@ -27,7 +28,9 @@ from tests.realbin.scenarios import (
     IMPORTS,
     debian_config,
     main_with_cri,
+    nvidia_default_image,
     registry,
+    runc_cgroup_only,
     toolkit_dropin,
 )
 
@@ -85,13 +88,30 @@ def scenario(name: str, version: str) -> tuple[dict[str, str], Expect]:
             runtimes={"nvidia", "nvidia-cdi", "nvidia-legacy", "runc"},
             config_path="/etc/containerd/certs.d",
             default="nvidia",
-            nvidia_systemd_cgroup=False,
+            nvidia_systemd_cgroup=True,  # as the toolkit's drop-in sets it, not following runc
         )
+    schema = 3 if version == "2.1.9" else 2
+    if name == "runc_cgroup_only":
+        # Kubernetes' docs snippet, then a registry drop-in: on 1.x the drop-in owned CRI until now.
+        files = {CONFIG: runc_cgroup_only(schema), f"{CONFD}/10-registry.toml": registry(schema=schema)}
+        cgroup = {"containerd.runtimes.runc.options.SystemdCgroup": True}
+        return files, Expect(config_path="/etc/containerd/certs.d", nvidia_systemd_cgroup=True, markers=cgroup)
+    if name == "runc_cgroup_only_alone":
+        cgroup = {"containerd.runtimes.runc.options.SystemdCgroup": True}
+        return {CONFIG: runc_cgroup_only(schema)}, Expect(nvidia_systemd_cgroup=True, markers=cgroup)
+    if name == "nvidia_default_image":
+        return {CONFIG: nvidia_default_image(schema)}, Expect(default="nvidia", nvidia_systemd_cgroup=True)
     raise KeyError(name)
 
 
 SCENARIOS = ["no_config", "debian", "main_cri", "registry_first", "registry_last", "toolkit_and_registry"]
-CASES = [(v, s) for v in VERSIONS for s in SCENARIOS] + [("2.1.9", "main_cri_v2")]
+CASES = (
+    [(v, s) for v in VERSIONS for s in SCENARIOS]
+    + [("2.1.9", "main_cri_v2")]
+    + [(v, "runc_cgroup_only") for v in VERSIONS]
+    + [(v, "runc_cgroup_only_alone") for v in ("1.6.20", "1.7.24")]
+    + [(v, "nvidia_default_image") for v in ("1.7.24", "2.1.9")]
+)
 
 
 def build(tmp_path: Path, version: str, files: dict[str, str]) -> ScenarioHost:
@@ -129,6 +149,21 @@ def apply_plan(host: ScenarioHost, options: Options | None = None):
     return files, result
 
 
+def candidate(host: ScenarioHost, result: Plan, config_text: str | None = None, dropin_text: str | None = None):
+    """The staged dump of the planned files (or of the texts given), as registration reads it."""
+    config = staged_imports(result.config_text if config_text is None else config_text)
+    dropin = result.dropin_text if dropin_text is None else dropin_text
+    return host.fact(
+        ContainerdCandidateDump, config_path=CONFIG, dropin_path=OUR_DROPIN, _stdin=candidate_input(config, dropin)
+    )
+
+
+def losses(before: dict, after: dict, result: Plan) -> list[str]:
+    return candidate_losses(
+        before["dump"], after["dump"], before["warnings"], after["warnings"], result.intended, BINARY, result.user_set
+    )
+
+
 @pytest.mark.parametrize(("version", "name"), CASES)
 def test_matrix(tmp_path: Path, version: str, name: str) -> None:
     files_in, expect = scenario(name, version)
@@ -136,18 +171,10 @@ def test_matrix(tmp_path: Path, version: str, name: str) -> None:
     before = host.fact(ContainerdConfigDump)
     _files, result = apply_plan(host)
 
-    candidate = host.fact(
-        ContainerdCandidateDump,
-        config_path=CONFIG,
-        config_text=staged_imports(result.config_text),
-        dropin_path=OUR_DROPIN,
-        dropin_text=result.dropin_text,
-    )
-    assert candidate["error"] is None, candidate["error"]
-    assert_ready(candidate["summary"], expect, version)
-    assert candidate_losses(
-        before["dump"], candidate["dump"], before["warnings"], candidate["warnings"], result.intended, BINARY
-    ) == []
+    staged = candidate(host, result)
+    assert staged["error"] is None, staged["error"]
+    assert_ready(staged["summary"], expect, version)
+    assert losses(before, staged, result) == []
 
     host.write(CONFIG, result.config_text)
     host.write(OUR_DROPIN, result.dropin_text)
@@ -216,18 +243,97 @@ def test_candidate_gate_catches_a_naive_dropin(tmp_path: Path) -> None:
         f'  BinaryName = "{BINARY}"\n'
     )
     config = main_with_cri(2).replace(IMPORTS, f'imports = ["{CONFD}/*.toml", "{OUR_DROPIN}"]\n')
-    candidate = host.fact(
-        ContainerdCandidateDump,
-        config_path=CONFIG,
-        config_text=staged_imports(config),
-        dropin_path=OUR_DROPIN,
-        dropin_text=naive,
-    )
-    losses = candidate_losses(before["dump"], candidate["dump"], before["warnings"], candidate["warnings"], {}, BINARY)
-    text = "\n".join(losses)
+    staged = candidate(host, Plan(CONFIG), config, naive)
+    text = "\n".join(losses(before, staged, Plan(CONFIG)))
     assert "runtime runc would be lost" in text
     assert "registry.config_path would change from '/etc/containerd/certs.d-main'" in text
     assert "max_container_log_line_size would change from 12345" in text
+
+
+@pytest.mark.parametrize("version", ["1.6.20", "1.7.24"])
+def test_runc_cgroup_snippet_is_fixed_not_refused(tmp_path: Path, version: str) -> None:
+    """The field report on 1.7.24: only runc's SystemdCgroup in config.toml, a registry drop-in after it.
+
+    containerd dumps ``runtime_type = ""`` for such a runc; our file carries runc with the
+    runtime_type containerd fills in, the gate passes and the nvidia runtime is registered.
+    """
+    files_in, expect = scenario("runc_cgroup_only", version)
+    host = build(tmp_path, version, files_in)
+    before = host.fact(ContainerdConfigDump)
+    _files, result = apply_plan(host)
+    runc = result.dropin_data["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"]
+    assert runc["runtime_type"] == "io.containerd.runc.v2" and runc["options"] == {"SystemdCgroup": True}
+    staged = candidate(host, result)
+    assert losses(before, staged, result) == []
+    assert staged["dump"]["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"]["runtime_type"] == (
+        "io.containerd.runc.v2"
+    )
+    assert_ready(staged["summary"], expect, version)
+
+
+@pytest.mark.parametrize("version", ["1.7.24", "2.1.9"])
+def test_user_set_nvidia_cgroup_is_kept_and_guarded(tmp_path: Path, version: str) -> None:
+    """A GPU image's config.toml sets nvidia's SystemdCgroup = true with no runc: it stays true, and a
+    candidate that changes it (here: one following runc's default) is refused naming the file."""
+    host = build(tmp_path, version, {CONFIG: nvidia_default_image(3 if version == "2.1.9" else 2)})
+    before = host.fact(ContainerdConfigDump)
+    assert before["summary"]["runtimes"]["nvidia"]["SystemdCgroup"] is True
+    _files, result = apply_plan(host)
+    assert "SystemdCgroup = true (as /etc/containerd/config.toml sets it)" in result.dropin_text
+    assert losses(before, candidate(host, result), result) == []
+
+    following_runc = result.dropin_text.replace("SystemdCgroup = true", "SystemdCgroup = false")
+    text = "\n".join(losses(before, candidate(host, result, dropin_text=following_runc), result))
+    assert "containerd.runtimes.nvidia.options.SystemdCgroup is set to True in /etc/containerd/config.toml" in text
+
+
+@pytest.mark.parametrize("version", ["1.7.24", "2.1.9"])
+@pytest.mark.parametrize("link", ["config.toml", "directory"])
+def test_candidate_staging_never_writes_through_links(tmp_path: Path, version: str, link: str) -> None:
+    """A symlinked config.toml or /etc/containerd: the staged dump reads through the link and writes
+    nothing outside its own temporary directory; the files fact names the link."""
+    schema = 3 if version == "2.1.9" else 2
+    text = f"version = {schema}\n{IMPORTS}"
+    host = build(tmp_path, version, {})
+    if link == "config.toml":
+        host.write("/etc/k8s/containerd.toml", text)
+        host.link(CONFIG, "/etc/k8s/containerd.toml")
+        host.write(f"{CONFD}/10-registry.toml", registry(schema=schema))
+    else:
+        host.write("/etc/k8s/config.toml", text)
+        host.write("/etc/k8s/conf.d/10-registry.toml", registry(schema=schema))
+        host.link("/etc/containerd", "/etc/k8s")
+    tree = host.snapshot()
+    files, result = apply_plan(host)
+    assert files["links"] == (
+        {CONFIG: "/etc/k8s/containerd.toml"} if link == "config.toml" else {"/etc/containerd": "/etc/k8s"}
+    )
+    staged = candidate(host, result)
+    assert host.snapshot() == tree
+    assert staged["error"] is None, staged["error"]
+    assert_ready(staged["summary"], Expect(config_path="/etc/containerd/certs.d"), version)
+
+
+def test_candidate_larger_than_an_argument_is_judged(tmp_path: Path) -> None:
+    """A config.toml of 160 KiB (comments kept) travels on stdin, not in one argument of the command."""
+    comments = "".join(f"# operator note {i}: " + "x" * 100 + "\n" for i in range(1400))
+    host = build(tmp_path, "1.7.24", {CONFIG: "version = 2\n" + comments})
+    before = host.fact(ContainerdConfigDump)
+    _files, result = apply_plan(host)
+    assert len(candidate_input(result.config_text, result.dropin_text)) > 200_000
+    staged = candidate(host, result)
+    assert staged["error"] is None, staged["error"]
+    assert "nvidia" in staged["summary"]["runtimes"]
+    assert losses(before, staged, result) == []
+
+
+@pytest.mark.parametrize("path", [CONFIG, f"{CONFD}/50-latin1.toml"])
+def test_non_utf8_file_is_named(tmp_path: Path, path: str) -> None:
+    host = build(tmp_path, "1.7.24", {CONFIG: "version = 2\n" + IMPORTS})
+    host.write(path, b"version = 2\n# caf\xe9 au lait\n")
+    files = host.fact(ContainerdConfigFiles)
+    result = plan(files["main_path"], files["texts"], host.fact(ContainerdVersion), Options())
+    assert any(f"{path}: invalid TOML: not UTF-8: byte 0xe9 on line 2" in error for error in result.errors), result
 
 
 @pytest.mark.parametrize(

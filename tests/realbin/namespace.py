@@ -28,17 +28,34 @@ class ScenarioHost:
         (scratch / "work").mkdir(parents=True, exist_ok=True)
         self.upper.mkdir(parents=True, exist_ok=True)
 
-    def write(self, path: str, text: str) -> None:
+    def write(self, path: str, text: str | bytes) -> None:
         """Write ``path`` (absolute, under /etc) into the scenario."""
         target = self.upper / Path(path).relative_to("/etc")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        if isinstance(text, bytes):
+            target.write_bytes(text)
+        else:
+            target.write_text(text)
+
+    def link(self, path: str, target: str) -> None:
+        """Make ``path`` (absolute, under /etc) a symbolic link to ``target``."""
+        link = self.upper / Path(path).relative_to("/etc")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target)
+
+    def snapshot(self) -> dict[str, bytes | str]:
+        """Every file (content) and symbolic link (target) of the scenario's tree, by path."""
+        return {
+            str(path.relative_to(self.upper)): str(path.readlink()) if path.is_symlink() else path.read_bytes()
+            for path in sorted(self.upper.rglob("*"))
+            if path.is_symlink() or path.is_file()
+        }
 
     def read(self, path: str) -> str | None:
         target = self.upper / Path(path).relative_to("/etc")
         return target.read_text() if target.exists() else None
 
-    def sh(self, script: str, timeout: int = 60) -> subprocess.CompletedProcess[str]:
+    def sh(self, script: str, timeout: int = 60, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         mounts = (
             "mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /var/lib && mount -t tmpfs tmpfs /opt && "
             f"mount -t overlay overlay -o lowerdir=/etc,upperdir={self.upper},workdir={self.scratch / 'work'} /etc"
@@ -49,13 +66,14 @@ class ScenarioHost:
             capture_output=True,
             text=True,
             timeout=timeout,
+            input=stdin,
         )
 
-    def fact(self, fact_cls: type[FactBase[Any]], **kwargs: Any) -> Any:
-        """Run a fact's real command here and process its output as pyinfra would."""
+    def fact(self, fact_cls: type[FactBase[Any]], _stdin: str | None = None, **kwargs: Any) -> Any:
+        """Run a fact's real command here (``_stdin`` as pyinfra passes it) and process its output."""
         fact = fact_cls()
         command = fact.command(**kwargs) if callable(fact.command) else fact.command
-        done = self.sh(command)
+        done = self.sh(command, stdin=_stdin)
         assert done.returncode == 0, f"{fact_cls.__name__} failed: {done.stderr}"
         lines = done.stdout.splitlines()
         return fact.process(lines) if lines else fact.default()

@@ -81,3 +81,26 @@ def toolkit_dropin() -> str:
 [plugins.{V2}.containerd]
   default_runtime_name = "nvidia"
 {runtimes}"""
+
+
+def runc_cgroup_only(schema: int = 2) -> str:
+    """The snippet Kubernetes' docs give: only runc's ``SystemdCgroup``, no ``runtime_type``."""
+    plugin = f"{V2}.containerd.runtimes.runc.options" if schema == 2 else f"{V3}.containerd.runtimes.runc.options"
+    return f"version = {schema}\n{IMPORTS}\n[plugins.{plugin}]\n  SystemdCgroup = true\n"
+
+
+def nvidia_default_image(schema: int = 3) -> str:
+    """A GPU node image's config.toml: nvidia defined as the default with ``SystemdCgroup = true``, runc left out."""
+    plugin = V3 if schema == 3 else V2
+    return f"""version = {schema}
+{IMPORTS}
+[plugins.{plugin}.containerd]
+  default_runtime_name = "nvidia"
+
+[plugins.{plugin}.containerd.runtimes.nvidia]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins.{plugin}.containerd.runtimes.nvidia.options]
+  BinaryName = "/usr/bin/nvidia-container-runtime"
+  SystemdCgroup = true
+"""
