@@ -1,0 +1,9 @@
+"""Report whether each GPU node is ready, link by link, changing nothing on any node.
+
+    pyinfra -y INVENTORY deploys/readiness.py                                   # exits non-zero if a node is not ready
+    pyinfra -y INVENTORY deploys/readiness.py --data gpunode_readiness_json=readiness.json
+"""
+
+from pyinfra_gpunode.readiness_deploy import node_readiness_reported
+
+node_readiness_reported()

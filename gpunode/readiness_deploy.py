@@ -1,0 +1,35 @@
+"""The readiness report as a pyinfra ``@deploy``, driven by validated host data.
+
+From the CLI ``deploys/readiness.py`` calls it; from Python::
+
+    add_deploy(state, node_readiness_reported)
+    run_ops(state)
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from pyinfra_gpunode.hostdata import HostDataError, validate
+from pyinfra_gpunode.operations import hostdata, readiness
+
+
+@deploy("Report GPU node readiness")
+def node_readiness_reported(fail_not_ready: bool = True) -> None:
+    """
+    Report every node's chain (PCI device to device plugin) read-only, and the fleet summary;
+    nodes that are not ready fail with their first broken link unless ``fail_not_ready`` is false.
+    """
+    try:
+        values = validate(host.data.dict())
+    except HostDataError as error:
+        hostdata.accepted(name="host data: accepted", error=str(error))
+        return
+    readiness.reported(
+        name="readiness: every link of the chain",
+        binary=values["gpunode_nvidia_runtime_binary"],
+        cdi_spec_path=values["gpunode_cdi_spec_path"],
+        json_path=values["gpunode_readiness_json"],
+        fail_not_ready=fail_not_ready,
+    )
