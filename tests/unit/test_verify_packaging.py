@@ -1,0 +1,47 @@
+"""The wheel carries the verification suite and its pytest plugin; pytest finds both outside the checkout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_wheel_ships_the_verification_suite(tmp_path: Path) -> None:
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run(
+        [*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", REPO], check=True
+    )
+    (wheel,) = (tmp_path / "dist").glob("pyinfra_gpunode-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for module in ("plugin", "inventory", "facts", "test_containerd", "test_gpu", "test_host"):
+        assert f"pyinfra_gpunode/verify/{module}.py" in names
+    (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
+    assert (
+        "[pytest11]\ngpunode_verify = pyinfra_gpunode.verify.plugin"
+        in zipfile.ZipFile(wheel).read(entry_points).decode()
+    )
+
+    target = tmp_path / "site"
+    subprocess.run([*pip, "install", "-q", "--no-deps", "--target", target, wheel], check=True)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    environment = {**os.environ, "PYTHONPATH": str(target)}
+    where = [sys.executable, "-c", "import pyinfra_gpunode.verify.plugin as p; print(p.__file__)"]
+    assert subprocess.run(where, cwd=outside, env=environment, capture_output=True, text=True).stdout.startswith(
+        f"{target}/pyinfra_gpunode/verify/"
+    )
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "pyinfra_gpunode.verify"]
+    usage = subprocess.run([*pytest, "--help"], cwd=outside, env=environment, capture_output=True, text=True)
+    assert "--inventory=INVENTORY" in usage.stdout and "--gpunode-checks" in usage.stdout, usage.stdout + usage.stderr
+    collected = subprocess.run([*pytest, "--co", "-q"], cwd=outside, env=environment, capture_output=True, text=True)
+    assert "no tests collected (15 deselected)" in collected.stdout, collected.stdout + collected.stderr
+    refused = subprocess.run(
+        [*pytest, "--co", "-q", "--inventory", "x.py", "--gpunode-checks=gpu,kernel"],
+        cwd=outside, env=environment, capture_output=True, text=True,
+    )  # fmt: skip
+    assert "--gpunode-checks: unknown kernel (known: containerd, gpu, host)" in refused.stderr, refused.stderr
