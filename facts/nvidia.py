@@ -23,8 +23,14 @@ DRIVER_SCRIPT = "; ".join(
         marker("proc"),
         "if [ -r /proc/driver/nvidia/version ]; then cat /proc/driver/nvidia/version; fi",
         marker("library"),
-        "ldconfig -p 2>/dev/null | awk '$1 == \"libnvidia-ml.so.1\" && /x86-64|AArch64/ {print $NF}' "
-        '| while read -r lib; do readlink -f "$lib"; done',
+        "nvml=$(ldconfig -p 2>/dev/null | awk '$1 == \"libnvidia-ml.so.1\" && /x86-64|AArch64/ {print $NF}' "
+        '| while read -r lib; do readlink -f "$lib"; done)',
+        'if [ -n "$nvml" ]; then echo "$nvml"; fi',
+        # The package owning the library the loader picks first (dpkg may know it without /usr).
+        marker("library_package"),
+        'first=$(echo "$nvml" | head -n 1)',
+        'if [ -n "$first" ] && command -v dpkg-query >/dev/null 2>&1; then '
+        'dpkg-query -S "$first" "${first#/usr}" 2>/dev/null | head -n 1; fi',
         marker("smi"),
         "if command -v nvidia-smi >/dev/null 2>&1; then "
         "nvidia-smi --query-gpu=driver_version --format=csv,noheader >/dev/null 2>&1; echo rc=$?; fi",
@@ -67,8 +73,9 @@ DRIVER_PACKAGE_PATTERNS = (
 def parse_driver(sections: dict[str, list[str]]) -> dict[str, Any]:
     module = next((line.strip() for line in sections.get("module", []) if line.strip()), None)
     proc = parse_proc_version("\n".join(sections.get("proc", [])))
-    libraries = [version_from_library(line) for line in sections.get("library", [])]
-    userspace = next((version for version in libraries if version), None)
+    paths = [line.strip() for line in sections.get("library", []) if line.strip()]
+    userspace = next((version for version in map(version_from_library, paths) if version), None)
+    owners = [line.split(": ", 1)[0] for line in sections.get("library_package", []) if ": " in line]
     smi = [line.strip() for line in sections.get("smi", []) if line.startswith("rc=")]
     kernel_version = module or (proc[0] if proc else None)
     return {
@@ -78,6 +85,8 @@ def parse_driver(sections: dict[str, list[str]]) -> dict[str, Any]:
         "userspace_version": userspace,
         "mismatch": bool(kernel_version and userspace and kernel_version != userspace),
         "nvidia_smi_ok": smi == ["rc=0"],
+        "library": paths[0] if paths else None,
+        "library_package": owners[0].split(":", 1)[0] if owners else None,
     }
 
 
@@ -119,7 +128,8 @@ class NvidiaDriver(FactBase[dict[str, Any]]):
     Returns the NVIDIA driver state without NVML: the loaded kernel module's version
     (``/sys/module/nvidia/version``, else ``/proc/driver/nvidia/version``, either layout), its
     flavour, the userspace version (the ``libnvidia-ml.so.1`` the loader resolves), whether
-    the two differ, and whether ``nvidia-smi`` works.
+    the two differ, whether ``nvidia-smi`` works, and that library's resolved path and the
+    package owning it (None for a driver installed outside the package manager).
 
     .. code:: python
 
@@ -130,6 +140,8 @@ class NvidiaDriver(FactBase[dict[str, Any]]):
             "userspace_version": "580.95.05",
             "mismatch": False,
             "nvidia_smi_ok": True,
+            "library": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05",
+            "library_package": "libnvidia-compute-580-server",
         }
     """
 
@@ -296,7 +308,8 @@ class NvidiaHostState(FactBase[dict[str, Any]]):
             "kernel": "6.12.117+deb13-amd64", "secure_boot": False,
             "pci": {"gpus": [], "nvswitches": [], "nvswitch": False},
             "driver": {"loaded": False, "kernel_module_version": None, "module_flavor": None,
-                       "userspace_version": None, "mismatch": False, "nvidia_smi_ok": False},
+                       "userspace_version": None, "mismatch": False, "nvidia_smi_ok": False,
+                       "library": None, "library_package": None},
             "fabric_manager": {"packages": {}, "held": [], "version": None,
                                "active": None, "enabled": None},
             "packages": {"nvidia-driver": {"version": "550.163.01-2", "held": True}},
@@ -407,14 +420,16 @@ def primary_fingerprints(path: str) -> str:
 
 class NvidiaContainerToolkit(FactBase[dict[str, Any]]):
     """
-    Returns the NVIDIA Container Toolkit state: ``nvidia-ctk --version``, its four packages
-    with versions and holds, where ``nvidia-container-runtime`` is, the primary-key fingerprints
-    of the repository keyring (needs ``gpg``; subkeys not listed) and the repository list file's content.
+    Returns the NVIDIA Container Toolkit state: ``nvidia-ctk --version`` and where
+    ``nvidia-ctk`` is, its four packages with versions and holds, where
+    ``nvidia-container-runtime`` is, the primary-key fingerprints of the repository keyring
+    (needs ``gpg``; subkeys not listed) and the repository list file's content.
 
     .. code:: python
 
         {
             "ctk_version": "1.17.0",
+            "ctk_path": "/usr/bin/nvidia-ctk",
             "packages": {"nvidia-container-toolkit": "1.17.0-1"},
             "held": ["nvidia-container-toolkit"],
             "runtime_binary": "/usr/bin/nvidia-container-runtime",
@@ -429,6 +444,8 @@ class NvidiaContainerToolkit(FactBase[dict[str, Any]]):
             [
                 marker("ctk"),
                 "if command -v nvidia-ctk >/dev/null 2>&1; then nvidia-ctk --version 2>/dev/null | head -n 1; fi",
+                marker("ctk_path"),
+                "command -v nvidia-ctk || true",
                 marker("packages"),
                 dpkg_query(*TOOLKIT_PACKAGES),
                 marker("runtime"),
@@ -450,9 +467,11 @@ class NvidiaContainerToolkit(FactBase[dict[str, Any]]):
         ctk = [line.split()[-1] for line in sections.get("ctk", []) if "version" in line and line.split()]
         packages = parse_dpkg_status(sections.get("packages", []))
         runtime = [line.strip() for line in sections.get("runtime", []) if line.strip().startswith("/")]
+        ctk_path = [line.strip() for line in sections.get("ctk_path", []) if line.strip().startswith("/")]
         listing = sections.get("list")
         return {
             "ctk_version": ctk[0] if ctk else None,
+            "ctk_path": ctk_path[0] if ctk_path else None,
             "packages": {name: info["version"] for name, info in sorted(packages.items())},
             "held": sorted(name for name, info in packages.items() if info["held"]),
             "runtime_binary": runtime[0] if runtime else None,

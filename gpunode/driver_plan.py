@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .driver_versions import branch_of, is_branch, is_driver_version, upstream_version, version_key
 
@@ -27,10 +28,21 @@ DEBIAN_FAMILIES: dict[str, dict[str, str]] = {
 }
 
 FLAVORS = ("default", "server", "open", "server-open")
+# Where the driver comes from: packages this project installs, or a driver already on the node.
+DRIVER_SOURCES = ("auto", "packages", "preinstalled")
+NO_DRIVER = (
+    "no NVIDIA driver is loaded and none is asked for: set gpunode_driver_branch (e.g. 580) or "
+    "gpunode_driver_version to install one from packages, or load a driver on the node first and keep "
+    "gpunode_driver_source at auto (or set it to preinstalled)"
+)
 
 
 class DriverRequestError(ValueError):
     """The requested driver is invalid whatever the host; the message names the argument."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument  # ``branch``, ``version`` or ``flavor``
 
 
 @dataclass(frozen=True)
@@ -72,29 +84,77 @@ class DriverPlan:
 
 
 def check_request(request: DriverRequest) -> DriverRequest:
-    """Validate what can be validated without the host; return the request with the branch set."""
+    """Validate what can be validated without the host; return the request with the branch set
+    (still None when neither a branch nor a version is asked for: see :func:`resolve_source`)."""
     if request.flavor not in FLAVORS:
-        raise DriverRequestError(f"flavor must be one of {', '.join(FLAVORS)}, got {request.flavor!r}")
+        raise DriverRequestError("flavor", f"flavor must be one of {', '.join(FLAVORS)}, got {request.flavor!r}")
     if request.version is not None and not is_driver_version(request.version):
-        raise DriverRequestError(f"version must be a full driver version like 580.126.20, got {request.version!r}")
-    if request.branch is None and request.version is None:
-        raise DriverRequestError("give a driver branch (e.g. '580') or an exact version")
+        raise DriverRequestError(
+            "version", f"version must be a full driver version like 580.126.20, got {request.version!r}"
+        )
     branch = request.branch
     if branch is not None and not is_branch(branch):
-        raise DriverRequestError(f"branch must be three digits like '580', got {branch!r}")
+        raise DriverRequestError("branch", f"branch must be three digits like '580', got {branch!r}")
     if request.version is not None:
         version_branch = branch_of(request.version)
         if branch is not None and branch != version_branch:
             raise DriverRequestError(
-                f"version {request.version!r} is not on branch {branch!r} (it is on {version_branch!r})"
+                "version", f"version {request.version!r} is not on branch {branch!r} (it is on {version_branch!r})"
             )
         branch = version_branch
     known = set(UBUNTU_BRANCHES) | set(UBUNTU_TRANSITIONAL)
     for releases in DEBIAN_FAMILIES.values():
         known |= set(releases)
-    if branch not in known:
-        raise DriverRequestError(f"unknown driver branch {branch!r} (known: {', '.join(sorted(known))})")
+    if branch is not None and branch not in known:
+        argument = "branch" if request.branch else "version"
+        raise DriverRequestError(argument, f"unknown driver branch {branch!r} (known: {', '.join(sorted(known))})")
     return DriverRequest(branch, request.version, request.flavor, request.allow_dkms, request.mok_enrolled)
+
+
+def resolve_source(source: str, request: DriverRequest, loaded: str | None) -> tuple[str, str]:
+    """``("packages" | "preinstalled", "")``, or ``("", why the node cannot proceed)``.
+
+    ``auto`` means packages when a branch or version is asked for, else the loaded driver.
+    """
+    if source not in DRIVER_SOURCES:
+        return "", f"gpunode_driver_source must be one of {', '.join(DRIVER_SOURCES)}, got {source!r}"
+    asked = request.branch is not None or request.version is not None
+    if source == "packages" and not asked:
+        return "", (
+            "gpunode_driver_source is packages but no driver is asked for: set gpunode_driver_branch "
+            "(e.g. 580) or gpunode_driver_version"
+        )
+    if source == "packages" or (source == "auto" and asked):
+        return "packages", ""
+    if not loaded:
+        if source == "preinstalled":
+            return "", "gpunode_driver_source is preinstalled but no NVIDIA driver is loaded on this node"
+        return "", NO_DRIVER
+    return "preinstalled", ""
+
+
+def preinstalled_driver(driver: Mapping[str, Any], version: str | None) -> tuple[str, str]:
+    """``(description, error)`` for a driver this project does not install (``NvidiaDriver`` fact).
+
+    The description is ``driver <version> (<flavour>) preinstalled``; the error says why the loaded
+    driver is refused (another version than ``version``)."""
+    loaded = driver["kernel_module_version"]
+    if version is not None and (not is_driver_version(loaded or "") or version_key(loaded) != version_key(version)):
+        return "", f"gpunode_driver_version is {version} but the preinstalled NVIDIA driver loaded is {loaded}"
+    return f"driver {loaded} ({driver['module_flavor'] or 'unknown flavour'}) preinstalled", ""
+
+
+def foreign_driver(driver: Mapping[str, Any]) -> str:
+    """Why packages must not be installed over this node's driver (one not from packages), or ``""``."""
+    library = driver.get("library")
+    if not driver["loaded"] or not library or driver.get("library_package"):
+        return ""
+    return (
+        f"the loaded NVIDIA driver {driver['kernel_module_version']} was not installed from packages "
+        f"({library} belongs to no package): installing driver packages beside it leaves two drivers. "
+        "Keep it with gpunode_driver_source: preinstalled (or auto without a branch or version), or "
+        "replace it with gpunode_driver_replace_preinstalled: true"
+    )
 
 
 def ubuntu_flavor(request: DriverRequest) -> str:

@@ -136,6 +136,25 @@ KEYS: dict[str, Key] = {
             number_as_text=True,
         ),
         Key(
+            "gpunode_driver_source",
+            "one of: auto, packages, preinstalled",
+            "auto",
+            "`packages`: install the branch or version above from the distribution's packages, pinned and "
+            "held; `preinstalled`: keep the driver the node has (cloud and golden images, runfile installs, "
+            "driver containers), never touch driver packages, require it loaded and matching its userspace "
+            "(and equal to `gpunode_driver_version` when set); `auto` fits both kinds of node: `packages` "
+            "when a branch or version is set, else the loaded driver; a GPU node with neither stops there",
+            _choice("auto", "packages", "preinstalled"),
+        ),
+        Key(
+            "gpunode_driver_replace_preinstalled",
+            "bool",
+            False,
+            "with `packages`, install driver packages even on a node whose loaded driver did not come from "
+            "packages (its libnvidia-ml belongs to no package); otherwise such a node is refused",
+            _bool,
+        ),
+        Key(
             "gpunode_driver_flavor",
             "one of: server, server-open, default, open",
             "server",
@@ -195,17 +214,20 @@ KEYS: dict[str, Key] = {
         ),
         Key(
             "gpunode_toolkit_source",
-            "one of: repository, deb_dir, installed",
-            "repository",
+            "one of: auto, repository, deb_dir, installed",
+            "auto",
             "where the NVIDIA Container Toolkit comes from: NVIDIA's apt repository (key pinned by "
-            "fingerprint), a directory of .deb files on the node, or already installed (only checked)",
-            _choice("repository", "deb_dir", "installed"),
+            "fingerprint), a directory of .deb files on the node, or already installed (only checked: its "
+            "packages, or nvidia-ctk and nvidia-container-runtime on PATH); `auto` fits every node: "
+            "`installed` where the toolkit is present, else `repository`",
+            _choice("auto", "repository", "deb_dir", "installed"),
         ),
         Key(
             "gpunode_toolkit_version",
             "str or null",
             None,
-            "NVIDIA Container Toolkit package version (`1.17.8-1`) for all four packages, pinned and held",
+            "NVIDIA Container Toolkit package version (`1.17.8-1`) for all four packages, pinned and held; "
+            "null: the newest the repository offers, once, then kept",
             lambda value: value is None or isinstance(value, str),
             number_as_text=True,
         ),
@@ -223,14 +245,6 @@ KEYS: dict[str, Key] = {
             "CDI spec generated with nvidia-ctk when missing, not matching the loaded driver or not listing every GPU "
             "by index plus `all`; the default survives a reboot (`/var/run/cdi` is a tmpfs emptied at boot)",
             _abs_path,
-        ),
-        Key(
-            "gpunode_readiness_json",
-            "str or null",
-            None,
-            "file on the controller where the readiness report (every node, every link, versions, causes) is "
-            "written as JSON; null: printed only",
-            lambda value: value is None or (isinstance(value, str) and bool(value)),
         ),
     ]
 }

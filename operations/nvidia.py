@@ -12,12 +12,16 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 from pyinfra.operations import server
 
 from pyinfra_gpunode.driver_plan import (
+    DRIVER_SOURCES,
     DriverPlan,
     DriverRequest,
     DriverRequestError,
     HostInfo,
     check_request,
+    foreign_driver,
     plan_driver,
+    preinstalled_driver,
+    resolve_source,
     wanted_names,
 )
 from pyinfra_gpunode.driver_versions import same_driver, upstream_version
@@ -31,15 +35,16 @@ from pyinfra_gpunode.facts.nvidia import (
     NvidiaHostState,
     primary_fingerprints,
 )
+from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._atomic import write_file
+from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit, newest_common_version, toolkit_source
 
 TOOLKIT_FINGERPRINT = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
 TOOLKIT_KEY_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
 TOOLKIT_REPO_LINE = (
     f"deb [signed-by={TOOLKIT_KEYRING}] https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /\n"
 )
-_TOOLKIT_VERSION = re.compile(r"^\d+\.\d+\.\d+(?:-\d+)?\Z")
 
 
 def _install(packages: dict[str, str]) -> StringCommand:
@@ -73,16 +78,22 @@ def _host_info(facts: dict[str, Any]) -> HostInfo:
 
 @operation()
 def driver(
+    source: str = "auto",
     branch: str | None = None,
     version: str | None = None,
     flavor: str = "server",
     allow_dkms: bool = False,
     mok_enrolled: bool = False,
     reboot: bool = False,
+    replace_preinstalled: bool = False,
 ) -> Generator[Any, Any, None]:
     """
-    Install the NVIDIA driver pinned to an exact version, and hold it.
+    Install the NVIDIA driver pinned to an exact version and hold it, or accept the node's own.
 
+    + source: ``packages`` (install and hold the driver's packages), ``preinstalled`` (never
+      touch driver packages: the loaded driver is accepted, and must equal ``version`` when
+      given) or ``auto`` (packages when a branch or version is given, else the loaded driver;
+      a node with neither fails, and a dry run prints that as its plan)
     + branch: driver branch (``580``); with only a branch the newest version of it is taken
       once and then kept
     + version: exact driver version (``580.126.20``); implies the branch
@@ -94,6 +105,9 @@ def driver(
       may be used while Secure Boot is on
     + reboot: reboot when the installed driver differs from the loaded module, wait for the
       node, and check the loaded module again
+    + replace_preinstalled: with packages, install them even though the loaded driver's
+      ``libnvidia-ml`` belongs to no package (a runfile or image driver); otherwise such a
+      node fails naming the library
 
     Ubuntu: ``nvidia-headless-no-dkms-<flavour>`` and ``nvidia-utils-<flavour>`` with
     Canonical's signed ``linux-modules-nvidia-<flavour>-<kernel>`` when they exist for the
@@ -109,7 +123,10 @@ def driver(
     .. code:: python
 
         nvidia.driver(name="NVIDIA driver 580", version="580.126.20", flavor="server-open")
+        nvidia.driver(name="The image's own driver", source="preinstalled")
     """
+    if source not in DRIVER_SOURCES:
+        raise OperationValueError(f"source must be one of {', '.join(DRIVER_SOURCES)}, got {source!r}")
     try:
         request = check_request(DriverRequest(branch, version, flavor, allow_dkms, mok_enrolled))
     except DriverRequestError as exc:
@@ -118,6 +135,17 @@ def driver(
     facts = host.get_fact(NvidiaHostState)
     if not facts["pci"]["gpus"]:
         host.noop("no NVIDIA GPU on this node; driver skipped")
+        return
+    chosen, error = resolve_source(source, request, facts["driver"]["kernel_module_version"])
+    if chosen == "preinstalled":
+        description, error = preinstalled_driver(facts["driver"], request.version)
+    elif chosen == "packages" and not replace_preinstalled:
+        error = foreign_driver(facts["driver"])
+    if error:
+        yield _fail(f"NVIDIA driver: {error}")
+        return
+    if chosen == "preinstalled":
+        _preinstalled(description, facts["driver"])
         return
     info = _host_info(facts)
     installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
@@ -158,6 +186,17 @@ def driver(
             )
         else:
             host.noop(f"NVIDIA driver {plan.version} is installed, held and loaded ({plan.method})")
+
+
+def _preinstalled(description: str, loaded: dict[str, Any]) -> None:
+    """Accept the node's own driver: nothing to run; the plan says so, and a reboot it waits for."""
+    if loaded["mismatch"]:
+        description += f"; its userspace library is {loaded['userspace_version']}: reboot pending"
+    elif not loaded["userspace_version"]:
+        description += "; the loader finds no libnvidia-ml.so.1 for it"
+    if not state.is_executing:
+        logger.info("%splan: %s", host.print_prefix, description)
+    host.noop(description)
 
 
 def _module_built_now() -> bool:
@@ -225,7 +264,7 @@ def fabric_manager(version: str | None = None) -> Generator[Any, Any, None]:
 
 @operation()
 def container_toolkit(
-    source: str = "repository",
+    source: str = "auto",
     version: str | None = None,
     deb_dir: str | None = None,
 ) -> Generator[Any, Any, None]:
@@ -234,9 +273,11 @@ def container_toolkit(
 
     + source: ``repository`` (NVIDIA's apt repository; its key is accepted only with the
       pinned fingerprint ``C95B321B…F796ECB0``), ``deb_dir`` (``.deb`` files already on the
-      node, for air-gapped sites) or ``installed`` (only check what is there)
-    + version: toolkit package version (``1.17.8-1``), the same for all four packages;
-      required for ``repository``
+      node, for air-gapped sites), ``installed`` (only check what is there: its four packages,
+      or ``nvidia-ctk`` and ``nvidia-container-runtime`` on PATH outside the package manager)
+      or ``auto`` (``installed`` when the toolkit is there, else ``repository``)
+    + version: toolkit package version (``1.17.8-1``), the same for all four packages; without
+      it ``repository`` installs the newest version the repository offers once, then keeps it
     + deb_dir: directory on the node holding the four ``.deb`` files (``source="deb_dir"``)
 
     **Example:**
@@ -247,33 +288,22 @@ def container_toolkit(
         nvidia.container_toolkit(name="Toolkit from a local mirror", source="deb_dir",
                                  version="1.17.8-1", deb_dir="/srv/debs/nvidia")
     """
-    if source not in ("repository", "deb_dir", "installed"):
-        raise OperationValueError(f"source must be repository, deb_dir or installed, got {source!r}")
-    if version is not None and not _TOOLKIT_VERSION.match(version):
-        raise OperationValueError(f"version must be a toolkit package version like 1.17.8-1, got {version!r}")
-    if source == "repository" and version is None:
-        raise OperationValueError("version is required with source='repository' (the toolkit is pinned)")
-    if source == "deb_dir" and (not deb_dir or not deb_dir.startswith("/")):
-        raise OperationValueError(f"deb_dir must be an absolute directory on the node, got {deb_dir!r}")
-    if version is not None and "-" not in version:
-        version = f"{version}-1"
+    try:
+        version = check_toolkit(source, version, deb_dir)
+    except ToolkitRequestError as exc:
+        raise OperationValueError(str(exc)) from exc
 
     toolkit = host.get_fact(NvidiaContainerToolkit)
     packages, held = toolkit["packages"], set(toolkit["held"])
     complete = all(name in packages for name in TOOLKIT_PACKAGES)
-    versions_ok = complete and (version is None or all(packages[n] == version for n in TOOLKIT_PACKAGES))
-
+    found_outside = bool(toolkit.get("ctk_path") and toolkit["runtime_binary"])
+    source = toolkit_source(source, version, packages if complete else {}, found_outside)
     if source == "installed":
-        if not complete:
-            missing = ", ".join(n for n in TOOLKIT_PACKAGES if n not in packages)
-            yield _fail(f"NVIDIA Container Toolkit is not installed (missing: {missing})")
-        elif not versions_ok:
-            yield _fail(f"NVIDIA Container Toolkit is {packages['nvidia-container-toolkit']}, not {version}")
-        elif not toolkit["runtime_binary"]:
-            yield _fail("NVIDIA Container Toolkit is installed but nvidia-container-runtime is not on PATH")
-        else:
-            host.noop(f"NVIDIA Container Toolkit {packages['nvidia-container-toolkit']} is installed")
+        yield from _toolkit_checked(toolkit, version)
         return
+    if version is None and complete and len({packages[n] for n in TOOLKIT_PACKAGES}) == 1:
+        version = packages["nvidia-container-toolkit"]  # the version taken once is kept
+    versions_ok = complete and all(packages[n] == version for n in TOOLKIT_PACKAGES)
 
     # A keyring with any key but exactly the pinned one lets that key sign the repository: replaced.
     keyring_wrong = source == "repository" and toolkit["keyring_fingerprints"] not in ([], [TOOLKIT_FINGERPRINT])
@@ -286,17 +316,52 @@ def container_toolkit(
 
     if not versions_ok:
         if source == "repository":
-            assert version is not None
             if not toolkit["keyring_fingerprints"]:
                 yield StringCommand(keyring_script())
             if toolkit["repo_list"] != TOOLKIT_REPO_LINE:
                 yield from write_file(TOOLKIT_LIST, TOOLKIT_REPO_LINE)
             yield StringCommand("apt-get", "update")
+            if version is None:  # read once the repository is known: the newest version, then kept
+                offered = host.get_fact(NvidiaAptVersions, packages=list(TOOLKIT_PACKAGES))
+                version = newest_common_version(offered, TOOLKIT_PACKAGES)
+                if version is None:
+                    yield _fail("NVIDIA Container Toolkit: the repository offers no version of all four packages")
+                    return
             yield _install({name: version for name in TOOLKIT_PACKAGES})
         else:
             assert deb_dir is not None
             yield _install_debs(deb_dir, version)
     yield _hold(list(TOOLKIT_PACKAGES))
+
+
+def _toolkit_checked(toolkit: dict[str, Any], version: str | None) -> Generator[Any, Any, None]:
+    """``installed``: the toolkit's packages, or its two binaries on PATH without them, at ``version``."""
+    packages = toolkit["packages"]
+    if all(name in packages for name in TOOLKIT_PACKAGES):
+        found = packages["nvidia-container-toolkit"]
+        if version is not None and any(packages[n] != version for n in TOOLKIT_PACKAGES):
+            yield _fail(f"NVIDIA Container Toolkit is {found}, not {version}")
+        elif not toolkit["runtime_binary"]:
+            yield _fail("NVIDIA Container Toolkit is installed but nvidia-container-runtime is not on PATH")
+        else:
+            host.noop(f"NVIDIA Container Toolkit {found} is installed")
+    elif toolkit.get("ctk_path") and toolkit["runtime_binary"]:
+        found = toolkit["ctk_version"] or "of unknown version"
+        if version is not None and found != upstream_version(version):
+            yield _fail(f"NVIDIA Container Toolkit found outside the package manager is {found}, not {version}")
+        else:
+            host.noop(
+                f"NVIDIA Container Toolkit {found} is installed outside the package manager: "
+                f"{toolkit.get('ctk_path')}, {toolkit['runtime_binary']}"
+            )
+    else:
+        missing = [n for n in TOOLKIT_PACKAGES if n not in packages]
+        on_path = [n for n, key in (("nvidia-ctk", "ctk_path"), ("nvidia-container-runtime", "runtime_binary"))
+                   if not toolkit.get(key)]  # fmt: skip
+        yield _fail(
+            f"NVIDIA Container Toolkit is not installed (missing packages: {', '.join(missing) or '-'}; "
+            f"not on PATH: {', '.join(on_path)})"
+        )
 
 
 def keyring_script(

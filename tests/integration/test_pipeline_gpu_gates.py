@@ -72,10 +72,19 @@ def fake_host(name: str, driver: list[str]) -> tuple[str, dict[str, Any]]:
     return f"@fake/{name}", data
 
 
+def h200_host(name: str) -> tuple[str, dict[str, Any]]:
+    """The H200 sample: driver 580.159.04 installed outside apt and loaded; no GPU host data at all."""
+    target, data = fake_host(name, fixture_output("nvidia.NvidiaDriver", "h200_open_580_preinstalled"))
+    responses = data["fake_responses"]
+    responses[NvidiaHostState().command()] = fixture_output("nvidia.NvidiaHostState", "h200_ubuntu_preinstalled")
+    responses[NvidiaGpus().command()] = fixture_output("nvidia.NvidiaGpus", "h200_pcie")
+    return target, {key: value for key, value in data.items() if not key.startswith("gpunode_")}
+
+
 @pytest.fixture
 def run(caplog: pytest.LogCaptureFixture) -> State:
     caplog.set_level(logging.INFO, logger="pyinfra.gpunode")
-    inventory = Inventory(([fake_host("gpu1", NOT_LOADED), fake_host("gpu2", LOADED)], {}))
+    inventory = Inventory(([fake_host("gpu1", NOT_LOADED), fake_host("gpu2", LOADED), h200_host("h200")], {}))
     state = State(inventory=inventory, config=Config())
     connect_all(state)
     try:
@@ -104,3 +113,17 @@ def test_pending_reboot_stops_later_gpu_steps_and_is_reported(run: State, caplog
     rows = {line.split()[0]: line for line in summary.splitlines()[2:]}
     assert "reboot: driver 550.163.01 installed" in rows["@fake/gpu1"]
     assert "CDI spec: current for the loaded driver" in rows["@fake/gpu2"]
+
+
+def test_preinstalled_driver_without_host_data_reaches_toolkit_and_cdi(
+    run: State, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert "@fake/h200" not in [host.name for host in run.failed_hosts]
+    executed = commands(run, "h200")
+    assert "nvidia-ctk cdi generate" in executed
+    assert not re.search(r"apt-get install [^\n]*nvidia|apt-mark hold [^\n]*nvidia", executed), executed
+    report = REPORTS[run]["@fake/h200"]
+    assert report.skipped == ["driver 580.159.04 (open) preinstalled"] and report.pending == []
+    summary = next(r.getMessage() for r in caplog.get_records("setup") if "Summary" in r.getMessage())
+    row = next(line for line in summary.splitlines() if line.startswith("@fake/h200"))
+    assert "driver 580.159.04 (open) preinstalled" in row

@@ -3,13 +3,18 @@
 import pytest
 
 from pyinfra_gpunode.driver_plan import (
+    NO_DRIVER,
     DriverRequest,
     DriverRequestError,
     HostInfo,
     check_request,
+    foreign_driver,
     plan_driver,
+    preinstalled_driver,
+    resolve_source,
     wanted_names,
 )
+from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit, newest_common_version, toolkit_source
 
 K = "6.8.0-45-generic"
 UBUNTU = HostInfo("ubuntu", "24.04", K, "amd64", secure_boot=True)
@@ -32,7 +37,6 @@ def req(**kwargs: object) -> DriverRequest:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({}, "give a driver branch"),
         ({"branch": "58"}, "three digits"),
         ({"branch": "999"}, "unknown driver branch '999'"),
         ({"version": "580"}, "full driver version"),
@@ -41,8 +45,87 @@ def req(**kwargs: object) -> DriverRequest:
     ],
 )
 def test_bad_requests_name_the_input(kwargs: dict[str, object], message: str) -> None:
-    with pytest.raises(DriverRequestError, match=message):
+    with pytest.raises(DriverRequestError, match=message) as raised:
         req(**kwargs)
+    assert raised.value.argument in kwargs
+
+
+# The H200 sample: open module 580.159.04 installed outside apt, library under /usr/local/nvidia.
+H200 = {
+    "loaded": True, "kernel_module_version": "580.159.04", "module_flavor": "open",
+    "userspace_version": "580.159.04", "mismatch": False, "nvidia_smi_ok": True,
+    "library": "/usr/local/nvidia/lib64/libnvidia-ml.so.580.159.04", "library_package": None,
+}  # fmt: skip
+
+
+def test_auto_source_follows_the_request_then_the_loaded_driver() -> None:
+    assert resolve_source("auto", req(branch="580"), "580.159.04") == ("packages", "")
+    assert resolve_source("auto", req(version="580.126.20"), None) == ("packages", "")
+    assert resolve_source("auto", req(), "580.159.04") == ("preinstalled", "")
+    assert resolve_source("auto", req(), None) == ("", NO_DRIVER)
+    for key in ("gpunode_driver_branch", "gpunode_driver_version", "gpunode_driver_source"):
+        assert key in NO_DRIVER
+
+
+def test_explicit_sources_and_their_refusals() -> None:
+    assert resolve_source("preinstalled", req(version="580.159.04"), "580.159.04") == ("preinstalled", "")
+    source, error = resolve_source("preinstalled", req(), None)
+    assert (source, error) == ("", "gpunode_driver_source is preinstalled but no NVIDIA driver is loaded on this node")
+    source, error = resolve_source("packages", req(), "580.159.04")
+    assert source == "" and "gpunode_driver_branch" in error
+    assert resolve_source("packages", req(branch="580"), None) == ("packages", "")
+    assert "gpunode_driver_source must be one of auto, packages, preinstalled, got 'apt'" in resolve_source(
+        "apt", req(), None
+    )[1]
+
+
+def test_preinstalled_driver_is_described_and_checked_against_the_version() -> None:
+    assert preinstalled_driver(H200, None) == ("driver 580.159.04 (open) preinstalled", "")
+    assert preinstalled_driver(H200, "580.159.04") == ("driver 580.159.04 (open) preinstalled", "")
+    description, error = preinstalled_driver(H200, "580.126.20")
+    assert description == ""
+    assert error == "gpunode_driver_version is 580.126.20 but the preinstalled NVIDIA driver loaded is 580.159.04"
+    assert preinstalled_driver(H200, "580.159")[1], "a shorter version is not the same driver"
+
+
+def test_packages_are_refused_over_a_driver_not_from_packages() -> None:
+    error = foreign_driver(H200)
+    assert "/usr/local/nvidia/lib64/libnvidia-ml.so.580.159.04 belongs to no package" in error
+    assert "gpunode_driver_replace_preinstalled" in error
+    packaged = {**H200, "library": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.159.04",
+                "library_package": "libnvidia-compute-580-server"}  # fmt: skip
+    assert foreign_driver(packaged) == ""
+    assert foreign_driver({**H200, "loaded": False, "kernel_module_version": None}) == ""
+
+
+TOOLKIT = {"nvidia-container-toolkit": "1.17.8-1"}
+
+
+def test_toolkit_auto_source() -> None:
+    assert toolkit_source("auto", None, {}, found_outside=False) == "repository"
+    assert toolkit_source("auto", None, {}, found_outside=True) == "installed"
+    assert toolkit_source("auto", None, TOOLKIT, found_outside=False) == "installed"
+    assert toolkit_source("auto", "1.17.8-1", TOOLKIT, found_outside=False) == "installed"
+    assert toolkit_source("auto", "1.18.0-1", TOOLKIT, found_outside=False) == "repository"
+    assert toolkit_source("deb_dir", None, TOOLKIT, found_outside=True) == "deb_dir"
+
+
+def test_toolkit_newest_version_offered_for_all_four() -> None:
+    names = ["nvidia-container-toolkit", "libnvidia-container1"]
+    offered = {"nvidia-container-toolkit": ["1.18.0-1", "1.17.8-1"], "libnvidia-container1": ["1.17.8-1"]}
+    assert newest_common_version(offered, names) == "1.17.8-1"
+    assert newest_common_version({}, names) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "argument"),
+    [(("apt", None, None), "source"), (("repository", "1.17", None), "version"), (("deb_dir", None, "x"), "deb_dir")],
+)
+def test_toolkit_arguments_name_the_input(args: tuple[str, str | None, str | None], argument: str) -> None:
+    with pytest.raises(ToolkitRequestError, match=argument) as raised:
+        check_toolkit(*args)
+    assert raised.value.argument == argument
+    assert check_toolkit("repository", "1.17.8", None) == "1.17.8-1"
 
 
 def test_version_implies_branch() -> None:

@@ -1,0 +1,55 @@
+"""Where the NVIDIA Container Toolkit comes from, and which repository version to pin (no I/O)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+TOOLKIT_SOURCES = ("auto", "repository", "deb_dir", "installed")
+_VERSION = re.compile(r"^\d+\.\d+\.\d+(?:-\d+)?\Z")
+
+
+class ToolkitRequestError(ValueError):
+    """The requested toolkit is invalid whatever the host; the message names the argument."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument  # ``source``, ``version`` or ``deb_dir``
+
+
+def check_toolkit(source: str, version: str | None, deb_dir: str | None) -> str | None:
+    """Validate the arguments; return the package version to pin (``1.17.8`` means ``1.17.8-1``)."""
+    if source not in TOOLKIT_SOURCES:
+        raise ToolkitRequestError("source", f"source must be one of {', '.join(TOOLKIT_SOURCES)}, got {source!r}")
+    if version is not None and not _VERSION.match(version):
+        raise ToolkitRequestError(
+            "version", f"version must be a toolkit package version like 1.17.8-1, got {version!r}"
+        )
+    if source == "deb_dir" and (not deb_dir or not deb_dir.startswith("/")):
+        raise ToolkitRequestError("deb_dir", f"deb_dir must be an absolute directory on the node, got {deb_dir!r}")
+    return f"{version}-1" if version is not None and "-" not in version else version
+
+
+def toolkit_source(source: str, version: str | None, packaged: Mapping[str, str], found_outside: bool) -> str:
+    """The source ``auto`` stands for on this node; other sources stand for themselves.
+
+    ``packaged``: the toolkit's packages installed (all of them, name -> version), else empty;
+    ``found_outside``: ``nvidia-ctk`` and ``nvidia-container-runtime`` are on PATH without them.
+    ``auto`` is ``installed`` when the toolkit is present (and, from packages, at ``version``
+    when one is asked for), else ``repository``.
+    """
+    if source != "auto":
+        return source
+    if packaged:
+        return "installed" if version is None or set(packaged.values()) == {version} else "repository"
+    return "installed" if found_outside else "repository"
+
+
+def newest_common_version(available: Mapping[str, Sequence[str]], names: Sequence[str]) -> str | None:
+    """The newest version the index offers for every one of ``names`` (each list newest first)."""
+    if not names:
+        return None
+    for candidate in available.get(names[0], ()):
+        if all(candidate in available.get(name, ()) for name in names[1:]):
+            return candidate
+    return None
