@@ -1,0 +1,187 @@
+"""deploys/readiness.py through the pyinfra CLI on Debian roots (``@chroot``) with planted GPU state.
+
+Every root is a GPU node with a loaded module, Debian's real libnvidia-ml outside the package manager,
+the toolkit's binaries, a CDI spec in nvidia-ctk's layout, containerd 1.7 with the toolkit's nvidia
+drop-in, the GPU Operator validator's markers and a device plugin socket: one root has all of it and
+is ready, each other breaks one link. One run covers them all; nothing changes in any root.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from tests.fleet.plugin import require_fleet
+from tests.fleet.roots import RootRecipe, ensure_root
+from tests.integration.gpu_state import (
+    DRIVER,
+    cdi_spec,
+    plant_gpu,
+    plant_library,
+    plant_module,
+    plant_toolkit,
+    write,
+)
+from tests.realbin.scenarios import CONFD, CONFIG, IMPORTS, toolkit_dropin
+
+REPO = Path(__file__).resolve().parents[2]
+PYINFRA = Path(sys.executable).with_name("pyinfra")
+RUNTIME = "/usr/local/bin/nvidia-container-runtime"  # where plant_toolkit puts it
+MARKERS = ("driver-ready", "toolkit-ready", "cuda-ready", "plugin-ready")
+OTHER = "550.144.03"
+pytestmark = pytest.mark.fleet
+
+
+def gpu_node(
+    root: Path,
+    *,
+    loaded: str | None = DRIVER,
+    spec_driver: str | None = DRIVER,
+    gpus: int = 1,
+    nvswitch: bool = False,
+    markers: tuple[str, ...] = MARKERS,
+    plugin_socket: bool = True,
+) -> None:
+    for index in range(gpus):
+        plant_gpu(root / "sys/bus/pci/devices", address=f"0000:4{index + 1}:00.0")
+    if nvswitch:
+        write(root / "sys/bus/pci/devices/0000:c7:00.0", "vendor", "0x10de\n")
+        write(root / "sys/bus/pci/devices/0000:c7:00.0", "class", "0x068000\n")
+        write(root / "sys/bus/pci/devices/0000:c7:00.0", "device", "0x1af1\n")
+    if loaded:
+        plant_module(root / "sys/module", root / "proc/driver", loaded)
+    kernel = subprocess.run(["uname", "-r"], capture_output=True, text=True, check=True).stdout.strip()
+    write(root, f"/lib/modules/{kernel}/updates/dkms/nvidia.ko.xz", "")
+    plant_library(root)
+    plant_toolkit(root)
+    if spec_driver:
+        write(root, "/etc/cdi/nvidia.yaml", cdi_spec(spec_driver))
+    write(root, CONFIG, "version = 2\n" + IMPORTS)
+    write(root, f"{CONFD}/99-nvidia.toml", toolkit_dropin())
+    for marker in markers:
+        write(root, f"/run/nvidia/validations/{marker}", "")
+    (root / "var/lib/kubelet/device-plugins").mkdir(parents=True)
+    if plugin_socket:  # bound inside the root: the path from outside is longer than a socket address may be
+        bind = "import socket; socket.socket(socket.AF_UNIX).bind('/var/lib/kubelet/device-plugins/nvidia-gpu.sock')"
+        subprocess.run(["chroot", str(root), "python3", "-c", bind], check=True)
+
+
+def with_pynvml(root: Path) -> None:
+    """The real pynvml next to the real library: NVML itself answers, and fails without a GPU device."""
+    gpu_node(root)
+    target = root / "usr/lib/python3/dist-packages"
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copy(pynvml.__file__, target / "pynvml.py")
+
+
+# name -> (planting, first broken link or None when ready, a part of its cause)
+NODES: dict[str, tuple[Callable[[Path], None], str | None, str]] = {
+    "ready": (gpu_node, None, ""),
+    "not_loaded": (
+        lambda root: gpu_node(root, loaded=None), "module",
+        f"is installed (userspace {DRIVER}) but not loaded: /sys/module/nvidia/version is absent",
+    ),
+    "reboot_pending": (
+        lambda root: gpu_node(root, loaded=OTHER), "nvml",
+        f"reboot pending after an upgrade: the loaded module is {OTHER} but the userspace library is "
+        f"libnvidia-ml.so.{DRIVER}",
+    ),
+    "nvml_error": (with_pynvml, "nvml", f"the nvidia {DRIVER} module is loaded but NVML fails with "),
+    "cdi_missing": (lambda root: gpu_node(root, spec_driver=None), "cdi", "no CDI spec of kind nvidia.com/gpu"),
+    "cdi_other_driver": (
+        lambda root: gpu_node(root, spec_driver=OTHER), "cdi",
+        f"/etc/cdi/nvidia.yaml was generated for driver {OTHER} but {DRIVER} is loaded",
+    ),
+    "cdi_missing_gpu": (
+        lambda root: gpu_node(root, gpus=2), "cdi", "lists devices 0, all but the node has 2 GPU(s): 1 missing",
+    ),
+    "nvswitch": (
+        lambda root: gpu_node(root, nvswitch=True), "fabric_manager",
+        "this NVSwitch node has no nvidia-fabricmanager package",
+    ),
+    "validator": (
+        lambda root: gpu_node(root, markers=("driver-ready",)), "validator:toolkit-ready",
+        "the GPU Operator's validator has not passed its toolkit check on this node",
+    ),
+    "plugin": (
+        lambda root: gpu_node(root, plugin_socket=False), "device_plugin",
+        "no NVIDIA device plugin socket in /var/lib/kubelet/device-plugins",
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lower() -> Path:
+    require_fleet()
+    return ensure_root(RootRecipe("trixie"))
+
+
+@pytest.fixture
+def roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
+    """One writable overlay of the trixie root per node, its GPU state planted."""
+    mounted: dict[str, Path] = {}
+    try:
+        for name, (plant, _, _) in NODES.items():
+            merged, upper, work = (tmp_path / name / sub for sub in ("merged", "upper", "work"))
+            for path in (merged, upper, work):
+                path.mkdir(parents=True)
+            options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+            subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
+            mounted[name] = merged
+            plant(merged)
+        yield mounted
+    finally:
+        for merged in mounted.values():
+            subprocess.run(["umount", str(merged)], check=True)
+
+
+def readiness(roots: dict[str, Path], report: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    inventory = ",".join(f"@chroot/{root}" for root in roots.values())
+    data = [f"gpunode_readiness_json={report}", f"gpunode_nvidia_runtime_binary={RUNTIME}"]
+    return subprocess.run(
+        [str(PYINFRA), *args, *(arg for item in data for arg in ("--data", item)), inventory, "deploys/readiness.py"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def digest(root: Path) -> str:
+    command = "find /etc /var/lib /run -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum"
+    return subprocess.run(["chroot", str(root), "sh", "-c", command], capture_output=True, text=True, check=True).stdout
+
+
+def test_each_planted_broken_link_is_named_with_its_cause_and_nothing_changes(
+    roots: dict[str, Path], tmp_path: Path
+) -> None:
+    before = {name: digest(root) for name, root in roots.items()}
+    run = readiness(roots, tmp_path / "run.json", "-y")
+    dry = readiness(roots, tmp_path / "dry.json", "--dry")
+    assert {name: digest(root) for name, root in roots.items()} == before, "the report changed a root"
+
+    document = json.loads((tmp_path / "run.json").read_text())
+    assert document == json.loads((tmp_path / "dry.json").read_text())
+    assert run.returncode != 0 and dry.returncode == 0, run.stdout
+    nodes = {node["node"]: node for node in document["nodes"]}
+    for name, (_, link, cause) in NODES.items():
+        node = nodes[f"@chroot/{roots[name]}"]
+        assert node["first_broken"] == link, (name, json.dumps(node, indent=2))
+        assert cause in (node["cause"] or ""), (name, node["cause"])
+        for found in node["links"]:
+            assert f"  {found['state']:<7} {found['id']:<23}  {found['detail']}\n" in run.stdout
+    nvml = nodes[f"@chroot/{roots['nvml_error']}"]["cause"].rsplit(" ", 1)[-1]
+    assert nvml in ("DriverNotLoaded", "NoPermission", "Unknown"), nvml  # no GPU device in a chroot
+    ready = nodes[f"@chroot/{roots['ready']}"]
+    states = {found["id"]: found["state"] for found in ready["links"]}
+    assert states["containerd_running"] == "unknown"  # a chroot has no running daemon
+    assert [states[f"validator:{marker}"] for marker in MARKERS] == ["ok"] * 4
+    assert ready["versions"]["module"] == ready["versions"]["userspace"] == DRIVER
+    assert f"1 of {len(NODES)} nodes ready" in run.stdout
+    assert document["summary"]["not_ready_by_first_broken_link"]["cdi"] == [
+        f"@chroot/{roots[name]}" for name in ("cdi_missing", "cdi_other_driver", "cdi_missing_gpu")
+    ]
