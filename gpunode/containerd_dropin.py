@@ -193,8 +193,10 @@ def _explicit(options: Options) -> set[str]:
 def _input_errors(options: Options) -> list[str]:
     named = [("binary", options.binary), ("dropin_dir", options.dropin_dir)]
     named += [("cdi_spec_dirs entry", spec_dir) for spec_dir in options.cdi_spec_dirs]
+    # Shown as <U+000A>: a backslash escape would turn back into the character in a shell's echo.
     return [
-        f"{name} {value!r} contains a newline or another control character; give a plain absolute path"
+        f"{name} '{_CONTROL.sub(lambda char: f'<U+{ord(char.group()):04X}>', value)}' contains a newline "
+        "or another control character; give a plain absolute path"
         for name, value in named
         if _CONTROL.search(value)
     ]

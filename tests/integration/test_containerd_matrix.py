@@ -14,6 +14,7 @@ import pytest
 
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, Plan, plan, staged_imports
 from pyinfra_gpunode.containerd_dump import candidate_losses, parse_cri_start_log, runc_runtime
+from pyinfra_gpunode.containerd_files import strictest_mode
 from pyinfra_gpunode.facts.containerd import (
     ContainerdCandidateDump,
     ContainerdConfigDump,
@@ -21,6 +22,7 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdVersion,
     candidate_input,
 )
+from pyinfra_gpunode.operations.containerd import Registration
 from tests.realbin.namespace import ScenarioHost
 from tests.realbin.scenarios import (
     CONFD,
@@ -325,6 +327,30 @@ def test_candidate_larger_than_an_argument_is_judged(tmp_path: Path) -> None:
     assert staged["error"] is None, staged["error"]
     assert "nvidia" in staged["summary"]["runtimes"]
     assert losses(before, staged, result) == []
+
+
+def test_plan_diff_and_gate_messages_redact_credentials(tmp_path: Path) -> None:
+    """A registry password in a user's 0600 drop-in: our 1.x file carries it (mode 0600); the dry run's
+    diff and the gate's messages show ``<redacted>`` instead."""
+    secret = "s3cret-PASS-4242"
+    auth = (
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry.configs."registry.example:5000".auth]\n'
+        f'  username = "puller"\n  password = "{secret}"\n'
+    )
+    host = build(tmp_path, "1.7.24", {CONFIG: "version = 2\n" + IMPORTS, f"{CONFD}/99-auth.toml": auth})
+    (host.upper / "containerd/conf.d/99-auth.toml").chmod(0o600)
+    before = host.fact(ContainerdConfigDump)
+    files, result = apply_plan(host)
+    assert secret in result.dropin_text and result.sources == [f"{CONFD}/99-auth.toml"]
+    assert strictest_mode([files["modes"][path] for path in result.sources]) == "600"
+    diff = Registration(writes={OUR_DROPIN: result.dropin_text}, modes={OUR_DROPIN: "600"}).diff()
+    assert 'password = "<redacted>"' in diff and "(planned, mode 600)" in diff
+    assert secret not in diff
+
+    changed = result.dropin_text.replace(secret, "another-secret")
+    text = "\n".join(losses(before, candidate(host, result, dropin_text=changed), result))
+    assert "auth.password is set to '<redacted>' in /etc/containerd/conf.d/99-auth.toml" in text
+    assert secret not in text and "another-secret" not in text
 
 
 @pytest.mark.parametrize("path", [CONFIG, f"{CONFD}/50-latin1.toml"])
