@@ -5,7 +5,9 @@
 - no-op re-run wall time vs pyinfra running one trivial operation on the same fleet (target <= 3x);
 - remote commands per host in a no-op run (target <= 12);
 - rollout time per node beyond a bare ``systemctl restart containerd`` until the CRI plugin reports
-  (target <= 2 s).
+  (target <= 2 s);
+- the readiness report (deploys/readiness.py) on the converged fleet: its wall time vs the same floor, and
+  its remote commands per host (target <= 4).
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ def deploy(fleet: Fleet, *args: str) -> tuple[float, str]:
     return timed([PYINFRA, "-y", *args, str(fleet.inventory_path), "deploys/gpu_node.py"])
 
 
+def report(fleet: Fleet, *args: str) -> tuple[float, str]:
+    """deploys/readiness.py; it exits non-zero (and the bench stops) when a node is not ready."""
+    return timed([PYINFRA, "-y", *args, str(fleet.inventory_path), "deploys/readiness.py"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="repetitions per figure (median reported)")
@@ -64,6 +71,8 @@ def main() -> None:
         )
         debug_log = deploy(fleet, "--debug")[1]
         commands = Counter(re.findall(r"Running command on (\S+):", debug_log))
+        readiness = statistics.median(report(fleet)[0] for _ in range(runs))
+        readiness_commands = Counter(re.findall(r"Running command on (\S+):", report(fleet, "--debug")[1]))
 
         overheads = []
         for _ in range(runs):
@@ -82,6 +91,11 @@ def main() -> None:
     for name in names:
         print(f"remote commands      {commands[name]:6d}     on {name} in a no-op run              target <= 12")
     print(f"rollout beyond floor {overhead:6.2f} s per node (restart-to-CRI floor subtracted)    target <= 2 s")
+    print(f"readiness report     {readiness:6.2f} s   floor (one trivial op) {floor:5.2f} s   "
+          f"ratio {readiness / floor:4.2f}x")
+    for name in names:
+        print(f"remote commands      {readiness_commands[name]:6d}     on {name} in the readiness report       "
+              "target <= 4")
 
 
 def _restart_to_ready(fleet: Fleet, name: str) -> float:
