@@ -172,8 +172,10 @@ def nvidia_runtime(
     other drop-ins.
 
     + binary: ``BinaryName`` of the nvidia runtime (absolute path)
-    + systemd_cgroup: ``SystemdCgroup`` of the nvidia runtime; ``None`` follows runc
-    + default_runtime: make nvidia the default runtime (otherwise the default is unchanged)
+    + systemd_cgroup: ``SystemdCgroup`` of the nvidia runtime; ``None`` keeps what a file sets
+      for nvidia, else follows runc
+    + default_runtime: make nvidia the default runtime (otherwise the default is unchanged);
+      refused while ``binary`` is missing on the node
     + cdi_spec_dirs: CDI spec directories (containerd 1.7 and 2.x), default
       ``["/etc/cdi", "/var/run/cdi"]``
     + dropin_dir: the user's drop-in directory; config.toml's ``imports`` is made to cover
@@ -183,15 +185,19 @@ def nvidia_runtime(
     config.toml is created if missing, and its ``imports`` is edited with comments kept so it
     covers the drop-in directory and ends with ``/etc/containerd/gpunode/nvidia-runtime.toml``,
     which therefore loads after every user drop-in. On containerd 1.6/1.7 that file carries
-    the whole CRI section as the other files mean it; on 2.x only the keys it owns.
+    the whole CRI section as the other files mean it (a partly defined runc with the
+    ``runtime_type``/``sandbox_mode`` containerd fills in); on 2.x only the keys it owns.
+    Written files keep config.toml's mode, and our file is as strict as the files whose keys
+    it carries (a 0600 drop-in with registry credentials makes it 0600). A config.toml or
+    directory on the way that is a symbolic link is refused, naming it.
 
     Before anything is written the whole candidate tree is staged in a temporary directory on
     the node and judged by the node's own ``containerd config dump``: nvidia present, every
-    runtime present before still present, the default runtime defined, every other CRI key
-    unchanged and no new warning. Otherwise the host fails with what would have been lost and
-    nothing changes. Take a backup first with ``config_backed_up`` (the rollout does, at each
-    node's turn). containerd is not restarted: a restart is pending until it is (see
-    ``ContainerdService``).
+    runtime present before still present, the default runtime defined, a value a user's file
+    sets kept, every other CRI key unchanged and no new warning. Otherwise the host fails with
+    what would have been lost (credential values redacted) and nothing changes. Take a backup
+    first with ``config_backed_up`` (the rollout does, at each node's turn). containerd is not
+    restarted: a restart is pending until it is (see ``ContainerdService``).
 
     **Example:**
 

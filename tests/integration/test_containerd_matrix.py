@@ -390,7 +390,7 @@ def test_default_runtime_naming_no_runtime_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.daemon
-@pytest.mark.parametrize("name", ["toolkit_and_registry", "main_cri"])
+@pytest.mark.parametrize("name", ["toolkit_and_registry", "main_cri", "runc_cgroup_only"])
 def test_daemon_loads_nvidia_and_runc(tmp_path: Path, name: str) -> None:
     files_in, _expect = scenario(name, "1.7.24")
     host = build(tmp_path, "1.7.24", files_in)

@@ -7,7 +7,8 @@ import tomllib
 import pytest
 
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, edit_imports, plan
-from pyinfra_gpunode.containerd_files import load_order, resolve_tree
+from pyinfra_gpunode.containerd_dump import redacted, shown
+from pyinfra_gpunode.containerd_files import links_in_the_way, load_order, resolve_tree, strictest_mode
 from pyinfra_gpunode.versions import parse_containerd_version
 
 MAIN = "/etc/containerd/config.toml"
@@ -143,3 +144,42 @@ def test_unknown_version_forms(line: str) -> None:
 def test_unsupported_containerd_is_refused() -> None:
     old = parse_containerd_version("containerd github.com/containerd/containerd 1.5.9 x")
     assert plan(MAIN, {}, old, Options()).errors == ["containerd 1.5.9 is not supported (supported: 1.6, 1.7 and 2.x)"]
+
+
+def test_credentials_are_redacted_line_by_line() -> None:
+    text = (
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry.configs."r.example:5000".auth]\n'
+        '  username = "u"\n  password = "p"\n'
+        '[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d"\n'
+        '  configs."r".auth = { username = "u", password = "p" }\n  x.identitytoken = "t"  # note\n'
+    )
+    lines = redacted(text).splitlines()
+    assert lines[2:4] == ['  username = "<redacted>"', '  password = "<redacted>"']
+    assert lines[5] == '  config_path = "/etc/containerd/certs.d"'
+    assert lines[6:] == ['  configs."r".auth = "<redacted>"', '  x.identitytoken = "<redacted>"']
+    assert shown("registry.configs.r.auth.password", "p") == "'<redacted>'"
+    assert shown("registry.config_path", "/c") == "'/c'"
+
+
+def test_modes_and_links_in_the_way() -> None:
+    assert strictest_mode([]) == "644"
+    assert strictest_mode(["600", "644"]) == "600"
+    assert strictest_mode(["640", "604"]) == "600"
+    links = {"/etc/containerd": "/srv/containerd", "/etc/containerd/conf.d/x.toml": "/srv/x.toml"}
+    assert links_in_the_way([MAIN, OUR_DROPIN], links) == ["/etc/containerd is a symbolic link to /srv/containerd"]
+    assert links_in_the_way([MAIN], {"/etc/containerd/conf.d/x.toml": "/srv/x.toml"}) == []
+
+
+def test_control_characters_in_inputs_are_refused() -> None:
+    errors = plan(MAIN, {}, V17, Options(binary="/usr/bin/nvidia\n", cdi_spec_dirs=("/etc/cdi\t",))).errors
+    assert errors == [
+        "binary '/usr/bin/nvidia<U+000A>' contains a newline or another control character; give a plain absolute path",
+        "cdi_spec_dirs entry '/etc/cdi<U+0009>' contains a newline or another control character; "
+        "give a plain absolute path",
+    ]
+
+
+def test_not_utf8_is_an_error_naming_the_byte() -> None:
+    text = b"version = 2\n# caf\xe9\n".decode(errors="surrogateescape")
+    main = resolve_tree(MAIN, {MAIN: text})["main"]
+    assert main is not None and main["error"] == "not UTF-8: byte 0xe9 on line 2"
