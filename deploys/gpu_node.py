@@ -5,5 +5,7 @@
 """
 
 from pyinfra_gpunode.pipeline import gpu_node_prepared
+from pyinfra_gpunode.readiness_deploy import node_readiness_reported
 
 gpu_node_prepared()
+node_readiness_reported(fail_not_ready=False)  # each node's chain after the rollout (a dry run: as it is now)

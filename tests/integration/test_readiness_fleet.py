@@ -184,3 +184,17 @@ def test_broken_containerd_link_is_named_with_its_cause_and_nothing_changes(
     assert dry.returncode == 0 and chain(run.stdout) == chain(dry.stdout) and document == dry_document
     assert f"0 of 1 nodes ready\n  {link}: rd1" in run.stdout
     assert_table_matches_json(run.stdout, document)
+
+
+def test_gpu_node_deploy_prints_each_nodes_chain_after_the_rollout(fleet: Fleet) -> None:
+    fleet.reset(["rd1", "rd2"])
+    pyinfra = Path(sys.executable).with_name("pyinfra")
+    run = subprocess.run(
+        [str(pyinfra), "-y", str(fleet.inventory_path), "deploys/gpu_node.py"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout
+    summary = run.stdout.index("--> Summary (rollout order)")
+    report = chain(run.stdout[summary:])
+    assert report.startswith("rd1: ready\n") and "\nrd2: ready\n" in report, report
+    assert "2 of 2 nodes ready\n" in report
