@@ -8,6 +8,8 @@ From the CLI ``deploys/readiness.py`` calls it; from Python::
 
 from __future__ import annotations
 
+import os
+
 from pyinfra import host
 from pyinfra.api import deploy
 
@@ -23,6 +25,7 @@ def node_readiness_reported(fail_not_ready: bool = True) -> None:
     """
     try:
         values = validate(host.data.dict())
+        _check_json_path(values["gpunode_readiness_json"])
     except HostDataError as error:
         hostdata.accepted(name="host data: accepted", error=str(error))
         return
@@ -33,3 +36,15 @@ def node_readiness_reported(fail_not_ready: bool = True) -> None:
         json_path=values["gpunode_readiness_json"],
         fail_not_ready=fail_not_ready,
     )
+
+
+def _check_json_path(path: str | None) -> None:
+    """The report's JSON file must be writable on the controller, or every node is refused before it is read."""
+    if path is None:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        raise HostDataError(
+            f"host-data key 'gpunode_readiness_json' must name a file in a writable directory on the controller, "
+            f"got {path!r}"
+        )

@@ -68,5 +68,9 @@ def _print_when_complete(run: State, reports: dict[str, Report], json_path: str 
     ordered = [reports[name] for name in order]
     logger.info("--> Readiness\n%s\n%s", "\n".join(node_text(report) for report in ordered), fleet_text(ordered))
     if json_path:
-        Path(json_path).write_text(json.dumps(fleet_json(ordered), indent=2) + "\n")
-        logger.info("--> Readiness report written to %s", json_path)
+        try:
+            Path(json_path).write_text(json.dumps(fleet_json(ordered), indent=2) + "\n")
+        except OSError as error:  # raising here would abort the run for every node
+            logger.error("--> Readiness report not written to %s: %s", json_path, error)
+        else:
+            logger.info("--> Readiness report written to %s", json_path)

@@ -198,3 +198,18 @@ def test_gpu_node_deploy_prints_each_nodes_chain_after_the_rollout(fleet: Fleet)
     report = chain(run.stdout[summary:])
     assert report.startswith("rd1: ready\n") and "\nrd2: ready\n" in report, report
     assert "2 of 2 nodes ready\n" in report
+
+
+def test_unwritable_json_path_fails_every_node_naming_the_key(fleet: Fleet, tmp_path: Path) -> None:
+    before = untouched(fleet, "rd1")
+    pyinfra = Path(sys.executable).with_name("pyinfra")
+    target = tmp_path / "missing" / "report.json"
+    run = subprocess.run(
+        [str(pyinfra), "-y", "--data", f"gpunode_readiness_json={target}", str(fleet.inventory_path),
+         "deploys/readiness.py"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode != 0 and "Traceback" not in run.stdout
+    message = "host-data key 'gpunode_readiness_json' must name a file in a writable directory on the controller"
+    assert run.stdout.count(message) == 2 and "--> Readiness" not in run.stdout
+    assert not target.parent.exists() and untouched(fleet, "rd1") == before
