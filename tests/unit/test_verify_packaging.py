@@ -45,3 +45,13 @@ def test_wheel_ships_the_verification_suite(tmp_path: Path) -> None:
         cwd=outside, env=environment, capture_output=True, text=True,
     )  # fmt: skip
     assert "--gpunode-checks: unknown kernel (known: containerd, gpu, host)" in refused.stderr, refused.stderr
+
+
+def test_suite_starts_in_the_checkout_without_test_extras() -> None:
+    """pytest loads the repository's own conftest there; it must not need pyinfra-testing."""
+    without_extras = (
+        "import sys; sys.modules['pyinfra_testing'] = None; import pytest; "
+        "sys.exit(pytest.main(['-p', 'no:cacheprovider', '--pyargs', 'pyinfra_gpunode.verify', '--co', '-q']))"
+    )
+    done = subprocess.run([sys.executable, "-c", without_extras], cwd=REPO, capture_output=True, text=True)
+    assert "no tests collected (15 deselected)" in done.stdout, done.stdout + done.stderr
