@@ -94,7 +94,7 @@ def _module(facts: dict[str, Any]) -> Link:
         return make(OK, f"nvidia {driver['kernel_module_version']}{flavor} loaded")
     kernel = host["kernel"] or "the running kernel"
     installed = driver["userspace_version"]
-    if not installed and not host["packages"]:
+    if not installed and not any("nvidia" in name for name in host["packages"]):
         return make(
             BROKEN, "no NVIDIA driver installed",
             cause="no NVIDIA driver is installed: no nvidia module is loaded and no libnvidia-ml.so.1 is in the "
@@ -267,8 +267,10 @@ def _cdi(facts: dict[str, Any], spec_path: str) -> Link:
     module = facts["host"]["driver"]["kernel_module_version"]
     gpus = len(facts["host"]["pci"]["gpus"])
     specs = [spec for spec in facts["cdi"] if not spec["device_plugin"]]
-    chosen = next((spec for spec in specs if spec["path"] == spec_path), None) or next(
-        (spec for spec in specs if spec["kind"] == "nvidia.com/gpu" or spec["error"]), None
+    chosen = (
+        next((spec for spec in specs if spec["path"] == spec_path), None)
+        or next((spec for spec in specs if spec["kind"] == "nvidia.com/gpu"), None)
+        or next((spec for spec in specs if spec["error"] and "nvidia" in spec["path"]), None)
     )
     generate = f"`nvidia-ctk cdi generate --output={spec_path}` (deploys/gpu_node.py regenerates it)"
     if chosen is None:

@@ -381,3 +381,19 @@ def test_fleet_summary_groups_nodes_by_first_broken_link_and_json_matches_the_te
 @pytest.mark.parametrize("line", ["source=journal", "count=0"])
 def test_xid_section_without_xid_lines(line: str) -> None:
     assert parse_xid([line, "count=0"])["count"] == 0
+
+
+def test_gpu_without_driver_packages_is_told_apart_from_a_module_not_built() -> None:
+    facts = h200()
+    facts["host"]["driver"] = fixture("nvidia.NvidiaDriver/no_nvidia_software")
+    facts["host"]["packages"] = {"linux-headers-6.18.44-fc-v657-gpu": {"version": "6.18.44-1", "held": False}}
+    link, cause, fix = first_broken(facts)
+    assert link == "module" and cause.startswith("no NVIDIA driver is installed") and "gpunode_driver_branch" in fix
+
+
+def test_another_vendors_spec_is_not_taken_for_the_nvidia_spec() -> None:
+    facts = healthy()
+    broken_other = {**facts["cdi"][0], "path": "/etc/cdi/acme.yaml", "kind": None, "devices": [],
+                    "error": "/etc/cdi/acme.yaml is not valid YAML or JSON: x"}  # fmt: skip
+    facts["cdi"] = [broken_other, {**facts["cdi"][0], "path": "/var/run/cdi/nvidia.yaml"}]
+    assert states(facts)["cdi"] == OK
