@@ -1,0 +1,27 @@
+"""NvmlInfo's own command against Debian's real libnvidia-ml (no GPU, no kernel module here).
+
+pynvml loads the library in ``nvmlInit()``; NVML's version is readable once the library is loaded,
+even when init then fails (no driver loaded, or a version mismatch on a node).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from pyinfra_gpunode.facts.nvidia import NvmlInfo
+from tests.integration.gpu_state import DRIVER, libnvidia_ml
+
+
+def test_nvml_version_is_read_after_init(tmp_path: Path) -> None:
+    (tmp_path / "libnvidia-ml.so.1").symlink_to(libnvidia_ml())
+    environment = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "LD_LIBRARY_PATH": str(tmp_path)}
+    result = subprocess.run(
+        ["sh", "-c", NvmlInfo().command()], env=environment, capture_output=True, text=True, check=True, timeout=60
+    )
+    fact = NvmlInfo().process(result.stdout.splitlines())
+    assert fact is not None, result.stderr
+    assert fact["nvml_version"] == f"12.{DRIVER}", fact
+    assert fact["error"] in ("DriverNotLoaded", "NoPermission", "Unknown"), fact
+    assert fact["driver_version"] is None and fact["devices"] == []
