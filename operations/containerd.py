@@ -60,13 +60,17 @@ class Registration:
     def restart_pending(self) -> bool:
         return bool(self.service and self.service["restart_pending"])
 
+    def _mode_note(self, path: str) -> str:
+        mode = self.modes.get(path, "644")
+        return "" if mode == "644" else f", mode {mode}"
+
     def diff(self) -> str:
         """The planned changes as a unified diff, credential values redacted."""
         return "".join(
             "".join(difflib.unified_diff(
                 redacted(self.current.get(path, "")).splitlines(keepends=True),
                 redacted(text).splitlines(keepends=True),
-                fromfile=f"{path} (node)", tofile=f"{path} (planned, mode {self.modes.get(path, '644')})",
+                fromfile=f"{path} (node)", tofile=f"{path} (planned{self._mode_note(path)})",
             ))
             for path, text in self.writes.items()
         )
