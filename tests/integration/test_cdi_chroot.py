@@ -1,0 +1,103 @@
+"""cdi.spec through pyinfra on a Debian root (``@chroot``) with two planted GPUs and a loaded driver.
+
+A spec that lists too few GPUs is regenerated, and the next run finds it current; a spec that does
+not parse fails the node naming the file, in the plan of a dry run too, and nothing is written.
+``nvidia-ctk`` (in no Debian archive) is a stand-in that writes a spec in nvidia-ctk's layout.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operation import add_op
+from pyinfra.api.operations import run_ops
+
+from pyinfra_gpunode.operations import cdi
+from tests.fleet.plugin import require_fleet
+from tests.fleet.roots import RootRecipe, ensure_root
+from tests.integration.gpu_state import DRIVER, cdi_spec, plant_gpu, plant_library, plant_module, write
+
+SPEC = "etc/cdi/nvidia.yaml"
+pytestmark = pytest.mark.fleet
+
+
+def two_gpu_spec() -> str:
+    """What nvidia-ctk writes for two GPUs: devices 0, 1 and all (keys sorted)."""
+    second = '- containerEdits:\n    deviceNodes:\n    - hostPath: /dev/nvidia1\n      path: /dev/nvidia1\n'
+    second += '  name: "1"\n'
+    return cdi_spec().replace('  name: "0"\n', '  name: "0"\n' + second, 1)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    require_fleet()
+    lower = ensure_root(RootRecipe("trixie"))
+    merged, upper, work = (tmp_path / sub for sub in ("merged", "upper", "work"))
+    for path in (merged, upper, work):
+        path.mkdir()
+    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
+    try:
+        for address in ("0000:41:00.0", "0000:42:00.0"):
+            plant_gpu(merged / "sys/bus/pci/devices", address)
+        plant_module(merged / "sys/module", merged / "proc/driver")
+        plant_library(merged)
+        generate = (
+            '#!/bin/sh\nfor arg; do case "$arg" in --output=*) out=${arg#--output=};; esac; done\n'
+            f"cat > \"$out\" << 'EOF'\n{two_gpu_spec()}EOF\n"
+        )
+        write(merged, "/usr/local/bin/nvidia-ctk", generate, 0o755)
+        yield merged
+    finally:
+        subprocess.run(["umount", str(merged)], check=True)
+
+
+def spec_op(root: Path, execute: bool) -> State:
+    """``cdi.spec`` on the root: planned (``execute=False``, a dry run) or run."""
+    inventory = Inventory(([f"@chroot/{root}"], {}))
+    state = State(inventory=inventory, config=Config(), check_for_changes=True)
+    state.print_noop_info = True
+    connect_all(state)
+    try:
+        add_op(state, cdi.spec)
+        if execute:
+            try:
+                run_ops(state)
+            except PyinfraError:  # "No hosts remaining!" once the only host failed
+                assert state.failed_hosts
+    finally:
+        disconnect_all(state)
+    return state
+
+
+def test_spec_listing_too_few_gpus_is_regenerated_then_current(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    write(root, f"/{SPEC}", cdi_spec())  # devices 0 and all, for the planted driver
+    caplog.set_level(logging.INFO)
+    state = spec_op(root, execute=True)
+    assert not state.failed_hosts
+    assert (root / SPEC).read_text() == two_gpu_spec()
+    assert not (root / f"{SPEC}.gpunode-tmp").exists()
+    caplog.clear()
+    again = spec_op(root, execute=True)
+    assert not again.failed_hosts
+    assert f"CDI spec /{SPEC} matches driver {DRIVER} and lists the node's 2 GPU(s) and all" in caplog.text
+
+
+def test_spec_that_does_not_parse_fails_the_node_naming_it(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    broken = cdi_spec()[:120] + "  - hostPath: [unclosed\n"
+    write(root, f"/{SPEC}", broken)
+    caplog.set_level(logging.INFO)
+    spec_op(root, execute=False)
+    assert f"plan: /{SPEC} is not valid YAML or JSON: " in caplog.text
+    state = spec_op(root, execute=True)
+    assert state.failed_hosts
+    assert f"/{SPEC} is not valid YAML or JSON" in caplog.text and "move it away or fix it" in caplog.text
+    assert (root / SPEC).read_text() == broken
+    assert sorted(p.name for p in (root / "etc/cdi").iterdir()) == ["nvidia.yaml"]
