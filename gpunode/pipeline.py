@@ -65,6 +65,12 @@ def _runtime(values: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _locked(values: dict[str, Any]) -> None:
+    """The node lock, on live nodes (an image or chroot, ``gpunode_containerd_restart: none``, is not locked)."""
+    live = values["gpunode_containerd_restart"] == "rolling"
+    rollout.node_locked(name="node: locked for this run", _if=lambda: live)
+
+
 # Per run (State): every node's own rollout settings, added as each host's deploy runs (at prepare,
 # so complete before the rollout executes); hosts whose data was refused are not in it.
 _NODES: weakref.WeakKeyDictionary[State, dict[str, NodeSettings]] = weakref.WeakKeyDictionary()
@@ -86,7 +92,7 @@ def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
         "timeout": values["gpunode_restart_timeout"],
         "restart": values["gpunode_containerd_restart"],
     }
-    rollout.node_locked(name="node: locked for this run")
+    _locked(values)
     rollout.nvidia_runtime_rolled_out(
         name="containerd: nvidia runtime rolled out one node at a time",
         order=values["rollout_order"],
@@ -168,7 +174,7 @@ def gpu_node_prepared() -> None:
     values = _accepted_settings()
     if values is None:
         return
-    rollout.node_locked(name="node: locked for this run")
+    _locked(values)
     kernel.held(name="kernel: held", present=values["gpunode_kernel_hold"])
     unattended_upgrades.configured(
         name="unattended-upgrades and needrestart: configured",

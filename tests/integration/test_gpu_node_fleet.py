@@ -1,4 +1,5 @@
-"""deploys/gpu_node.py on three systemd hosts (containerd 1.7, 1.7, 2.1): order, rollback, halt, dry run, re-runs."""
+"""deploys/gpu_node.py on three systemd hosts (containerd 1.7, 1.7, 2.1): order, rollback, halt, dry run, re-runs,
+per-node host data, backups tied to the turn, dead daemons, foreign units, log levels, the node lock."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import runpy
 import signal
 import subprocess
 import sys
+import time
+import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,13 +43,27 @@ INJECT_FAILURE = (
 )
 
 
-def deploy(fleet: Fleet, *args: str, inventory: Path | None = None) -> subprocess.CompletedProcess[str]:
+def deploy(
+    fleet: Fleet, *args: str, inventory: Path | None = None, deploy_file: str = "deploys/gpu_node.py"
+) -> subprocess.CompletedProcess[str]:
     """The pyinfra CLI; stdout carries its log (stderr merged)."""
     pyinfra = Path(sys.executable).with_name("pyinfra")
     return subprocess.run(
-        [str(pyinfra), *args, str(inventory or fleet.inventory_path), "deploys/gpu_node.py"],
+        [str(pyinfra), *args, str(inventory or fleet.inventory_path), deploy_file],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
     )
+
+
+def inventory_of(fleet: Fleet, tmp_path: Path, data: dict[str, dict[str, Any]]) -> Path:
+    """An inventory of the fleet's hosts named in ``data``, each with its own extra host data."""
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(
+        "import runpy\n"
+        f"data = {data!r}\n"
+        f"hosts = [(name, {{**host_data, **data[name]}}) for name, host_data in "
+        f"runpy.run_path({str(fleet.inventory_path)!r})['hosts'] if name in data]\n"
+    )
+    return inventory
 
 
 def sh(fleet: Fleet, node: str, command: str) -> str:
@@ -128,7 +145,7 @@ def test_restart_failure_on_node2_rolls_back_and_halts(fleet: Fleet) -> None:
     output = result.stdout
     assert result.returncode != 0, output
     assert "[node2]" in output and "containerd failed after the restart" in output
-    assert "the previous config was restored and containerd runs it again" in output
+    assert "the config this run wrote was replaced by the backup taken before it and containerd runs it again" in output
     assert "[node2] containerd rollout failed" in output
     assert "[node1] containerd rollout failed" not in output and "[node3] containerd rollout failed" not in output
     assert "halted: not touched after the failure on node2" in output
@@ -140,7 +157,7 @@ def test_restart_failure_on_node2_rolls_back_and_halts(fleet: Fleet) -> None:
     assert sh(fleet, "node2", "systemctl is-active containerd").strip() == "active"
     assert digest(fleet, "node2", "/etc/containerd") == before["node2"][1]
     assert "nvidia" not in running_runtimes(fleet, "node2")
-    sh(fleet, "node2", f"test -f /var/lib/pyinfra-gpunode/failed/containerd-*{OUR_DROPIN.removeprefix('/etc')}")
+    sh(fleet, "node2", f"test -f /var/lib/pyinfra-gpunode/failed/containerd-*{OUR_DROPIN}")
     # node3: untouched
     assert (main_pid(fleet, "node3"), digest(fleet, "node3", "/etc/containerd")) == before["node3"]
 
@@ -158,9 +175,9 @@ def test_dry_run_changes_nothing_and_prints_the_plan(fleet: Fleet) -> None:
     assert re.search(r"\[node3\] plan: containerd config not changed: .*50-broken\.toml", result.stdout)
 
 
-def _api_deploy(fleet: Fleet) -> State:
+def _api_deploy(fleet: Fleet, inventory_path: Path | None = None) -> State:
     """The same deploy from Python: add_deploy + run_ops on a State of our own."""
-    inventory = Inventory((runpy.run_path(str(fleet.inventory_path))["hosts"], {}))
+    inventory = Inventory((runpy.run_path(str(inventory_path or fleet.inventory_path))["hosts"], {}))
     state = State(inventory=inventory, config=Config())
     connect_all(state)
     try:
@@ -228,3 +245,164 @@ def test_bad_host_data_is_refused_before_any_node_is_touched(
     assert result.returncode != 0
     assert message in result.stdout
     assert {node: (main_pid(fleet, node), digest(fleet, node, "/etc")) for node in NODES} == before
+
+
+BACKUPS = "/var/lib/pyinfra-gpunode/backup"
+FAILED = "/var/lib/pyinfra-gpunode/failed"
+
+
+def dumped_nvidia(fleet: Fleet, node: str) -> dict[str, Any]:
+    """The nvidia runtime and the CDI dirs in the node's ``containerd config dump`` (files on disk)."""
+    dump = tomllib.loads(sh(fleet, node, "containerd config dump"))
+    plugins = dump["plugins"]
+    cri = plugins.get("io.containerd.cri.v1.runtime") or plugins["io.containerd.grpc.v1.cri"]
+    nvidia = cri["containerd"]["runtimes"]["nvidia"]
+    return {"binary": nvidia["options"]["BinaryName"], "cdi_spec_dirs": cri.get("cdi_spec_dirs")}
+
+
+@pytest.mark.parametrize("way", ["cli", "api"])
+def test_each_node_runs_with_its_own_host_data(fleet: Fleet, tmp_path: Path, way: str) -> None:
+    """Each node is written and verified with its own settings, whichever host conducts; a
+    ``gpunode_containerd_restart: none`` node gets its files and keeps its daemon."""
+    fleet.reset(NODES)
+    data: dict[str, dict[str, Any]] = {
+        node: {"gpunode_nvidia_runtime_binary": f"/opt/{node}/nvidia-container-runtime",
+               "gpunode_cdi_spec_dirs": [f"/etc/cdi-{node}"]}
+        for node in NODES
+    }
+    data["node3"]["gpunode_containerd_restart"] = "none"
+    inventory = inventory_of(fleet, tmp_path, data)
+    pid3 = main_pid(fleet, "node3")
+
+    if way == "cli":
+        result = deploy(fleet, "-y", inventory=inventory)
+        assert result.returncode == 0, result.stdout
+        assert "files only (gpunode_containerd_restart: none)" in result.stdout
+    else:
+        state = _api_deploy(fleet, inventory)
+        assert not state.failed_hosts, [host.name for host in state.failed_hosts]
+
+    for node in NODES:
+        assert dumped_nvidia(fleet, node) == {
+            "binary": f"/opt/{node}/nvidia-container-runtime", "cdi_spec_dirs": [f"/etc/cdi-{node}"]
+        }, node
+    for node in ("node1", "node2"):
+        assert f"/opt/{node}/nvidia-container-runtime" in running_runtimes(fleet, node), node
+    assert main_pid(fleet, "node3") == pid3, "node3 (gpunode_containerd_restart: none) was restarted"
+    assert "nvidia" not in running_runtimes(fleet, "node3")
+
+
+def test_warn_log_level_verifies_through_ctr_without_a_rollback(fleet: Fleet, tmp_path: Path) -> None:
+    """With ``[debug] level = "warn"`` containerd logs no CRI start line: the restart is verified
+    through ``ctr plugins ls`` instead of timing out and being rolled back."""
+    fleet.reset(["node1"])
+    write(fleet, "node1", CONFIG, sh(fleet, "node1", f"cat {CONFIG}") + '\n[debug]\n  level = "warn"\n')
+    sh(fleet, "node1", "systemctl restart containerd")
+    inventory = inventory_of(fleet, tmp_path, {"node1": {"gpunode_restart_timeout": 20}})
+
+    result = deploy(fleet, "-y", inventory=inventory)
+    assert result.returncode == 0, result.stdout
+    verified = r"\[node1\] (nested )?containerd restarted and verified by ctr plugins ls"
+    assert re.search(verified, result.stdout), result.stdout
+    assert "containerd rollout done" in result.stdout
+    assert dumped_nvidia(fleet, "node1")["binary"] == "/usr/bin/nvidia-container-runtime"
+    assert sh(fleet, "node1", f"ls {FAILED} 2>/dev/null || true") == "", "node1 was rolled back"
+    assert re.search(r"grpc\.v1\s+cri\s+\S+\s+ok", sh(fleet, "node1", "ctr plugins ls"))
+
+
+def test_a_dead_daemon_is_restarted_and_a_foreign_unit_refused(fleet: Fleet) -> None:
+    """Converged files do not pass over a stopped containerd; a containerd run by a unit of
+    another name is refused, naming that unit, and nothing is written there."""
+    fleet.reset(NODES)
+    assert deploy(fleet, "-y").returncode == 0
+    sh(fleet, "node1", "systemctl stop containerd")
+    sh(fleet, "node3", "systemctl disable --now containerd && "
+       "cp /usr/lib/systemd/system/containerd.service /etc/systemd/system/k8s-containerd.service && "
+       "rm /usr/lib/systemd/system/containerd.service && systemctl daemon-reload && "
+       "systemctl start k8s-containerd && rm " + OUR_DROPIN)
+    before3 = digest(fleet, "node3", "/etc/containerd")
+
+    result = deploy(fleet, "-y")
+    assert result.returncode != 0, result.stdout
+    restarted = r"\[node1\] (nested )?restarting containerd: containerd is inactive"
+    assert re.search(restarted, result.stdout), result.stdout
+    assert sh(fleet, "node1", "systemctl is-active containerd").strip() == "active"
+    assert "nvidia" in running_runtimes(fleet, "node1")
+    assert re.search(r"\[node3\] containerd rollout failed: containerd.service is not-found "
+                     r"\(containerd runs as pid \d+ in k8s-containerd.service\)", result.stdout), result.stdout
+    assert digest(fleet, "node3", "/etc/containerd") == before3
+
+
+def test_a_restart_pending_from_before_restores_nothing(fleet: Fleet, tmp_path: Path) -> None:
+    """A restart this run did not cause (a config touched since) that fails restores no backup
+    of an earlier run and says so."""
+    fleet.reset(["node1"])
+    inventory = inventory_of(fleet, tmp_path, {"node1": {}})
+    assert deploy(fleet, "-y", inventory=inventory).returncode == 0  # a backup from this earlier run
+    sh(fleet, "node1", "mkdir -p /etc/systemd/system/containerd.service.d && printf '%s\\n' '[Service]' "
+       "'ExecStartPre=/bin/false' > /etc/systemd/system/containerd.service.d/test-failure.conf && "
+       f"systemctl daemon-reload && touch {CONFIG}")
+    before = digest(fleet, "node1", "/etc/containerd")
+
+    result = deploy(fleet, "-y", inventory=inventory)
+    assert result.returncode != 0, result.stdout
+    assert "nothing was restored: this run wrote no containerd config on this node" in result.stdout
+    assert "its config is newer than the daemon" in result.stdout
+    assert digest(fleet, "node1", "/etc/containerd") == before
+    assert sh(fleet, "node1", f"ls {FAILED} 2>/dev/null || true") == ""
+
+
+def test_a_main_config_outside_etc_containerd_is_restored_and_backups_are_private(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """``--config /etc/k8s/containerd.toml``: the turn's backup holds it and the rollback puts
+    it back; backups and failed copies are readable by root only."""
+    fleet.reset(["node1"])
+    main = "/etc/k8s/containerd.toml"
+    sh(fleet, "node1", f"mkdir -p /etc/k8s && mv {CONFIG} {main} && {INJECT_FAILURE} && printf '%s\\n' "
+       f"'[Service]' 'ExecStart=' 'ExecStart=/usr/bin/containerd --config {main}' "
+       "> /etc/systemd/system/containerd.service.d/test-config.conf && systemctl daemon-reload && "
+       "systemctl restart containerd")
+    before = sh(fleet, "node1", f"sha256sum {main}")
+    inventory = inventory_of(fleet, tmp_path, {"node1": {}})
+
+    result = deploy(fleet, "-y", inventory=inventory)
+    assert result.returncode != 0, result.stdout
+    assert "replaced by the backup taken before it and containerd runs it again" in result.stdout
+    assert sh(fleet, "node1", f"sha256sum {main}") == before
+    assert "gpunode" in sh(fleet, "node1", f"cat {FAILED}/containerd-*{main}")  # the failed one, kept
+    modes = sh(fleet, "node1", f"stat -c '%a %n' {BACKUPS} {BACKUPS}/*.tar {FAILED} {FAILED}/*").split("\n")
+    assert all(line.split()[0] in ("700", "600") for line in modes if line), modes
+
+
+def test_a_second_run_is_refused_while_another_holds_the_node(fleet: Fleet, tmp_path: Path) -> None:
+    """The node lock: held for a run's whole life, named to a second run, released when the
+    holder is killed."""
+    fleet.reset(["node1"])
+    inventory = inventory_of(fleet, tmp_path, {"node1": {}})
+    holder = tmp_path / "hold.py"
+    holder.write_text(
+        "from pyinfra.operations import server\n"
+        "from pyinfra_gpunode.operations import rollout\n"
+        "rollout.node_locked(name='lock')\n"
+        "server.shell(name='hold', commands=['sleep 120'])\n"
+    )
+    pyinfra = Path(sys.executable).with_name("pyinfra")
+    run = subprocess.Popen([str(pyinfra), "-y", str(inventory), str(holder)], cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for _ in range(300):
+            if "pyinfra-gpunode run" in fleet.run("node1", "cat /run/lock/pyinfra-gpunode.lock").stdout:
+                break
+            time.sleep(0.2)
+        before = digest(fleet, "node1", "/etc")
+        second = deploy(fleet, "-y", inventory=inventory)
+        assert second.returncode != 0, second.stdout
+        assert re.search(r"another run holds the node lock /run/lock/pyinfra-gpunode.lock: "
+                         r"pyinfra-gpunode run \w+ from .* pid \d+ since", second.stdout), second.stdout
+        assert digest(fleet, "node1", "/etc") == before
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=60)
+    third = deploy(fleet, "-y", inventory=inventory)
+    assert third.returncode == 0, third.stdout
