@@ -1,0 +1,87 @@
+"""The readiness deploy from Python (``add_deploy`` + ``run_ops``) on two @fake hosts answering with real
+outputs: the H200 as it was read (no toolkit, no containerd) and the same node completed with the
+toolkit, nvidia-ctk's spec for it, containerd 1.7 running the nvidia runtime and a device plugin."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.deploy import add_deploy
+from pyinfra.api.operations import run_ops
+
+from pyinfra_gpunode.facts.readiness import PART, NodeReadiness
+from pyinfra_gpunode.operations.readiness import REPORTS
+from pyinfra_gpunode.readiness_deploy import node_readiness_reported
+
+TESTS = Path(__file__).resolve().parents[1]
+RUNTIME = "/usr/bin/nvidia-container-runtime"
+
+
+def output(fact: str, name: str) -> list[str]:
+    return list(json.loads((TESTS / "facts" / fact / f"{name}.json").read_text())["output"])
+
+
+def parts(lines: list[str]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for line in lines:
+        if line.startswith(PART):
+            current = found.setdefault(line.removeprefix(PART), [])
+        else:
+            current.append(line)
+    return found
+
+
+def joined(found: dict[str, list[str]]) -> list[str]:
+    return [line for name, lines in found.items() for line in (PART + name, *lines)]
+
+
+H200 = output("readiness.NodeReadiness", "h200_ubuntu2404_preinstalled")
+
+
+def completed() -> list[str]:
+    found = parts(H200)
+    found["toolkit"] = output("nvidia.NvidiaContainerToolkit", "installed_1_17")
+    found["cdi"] = output("cdi.CdiSpecs", "ctk_sorted_yaml_h200")
+    found["containerd"] = (TESTS / "samples/containerd-node-state-1.7-converged.txt").read_text().splitlines()
+    found["cri"] = ["journal", *output("containerd.ContainerdCriLoaded", "loaded_1_7")]
+    found["xid"] = ["source=journal", "count=0"]
+    found["containerd_journal"] = ["journal"]
+    found["device_plugin"] = ["dir", "nvidia-gpu.sock"]
+    return joined(found)
+
+
+def fake_host(name: str, lines: list[str], report: Path) -> tuple[str, dict[str, Any]]:
+    responses: dict[Any, Any] = {
+        re.compile(r">&2 && exit 1$"): {"success": False},  # operations' fail(): a failing command
+        NodeReadiness().command(RUNTIME): lines,
+    }
+    data = {"fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0, "gpunode_readiness_json": str(report)}
+    return f"@fake/{name}", data
+
+
+def test_python_users_get_every_nodes_chain_and_not_ready_nodes_fail(tmp_path: Path) -> None:
+    report = tmp_path / "readiness.json"
+    hosts = [fake_host("gpu1", completed(), report), fake_host("gpu2", H200, report)]
+    state = State(inventory=Inventory((hosts, {})), config=Config())
+    connect_all(state)
+    try:
+        add_deploy(state, node_readiness_reported)
+        run_ops(state)
+    finally:
+        disconnect_all(state)
+
+    assert [host.name for host in state.failed_hosts] == ["@fake/gpu2"]
+    reports = REPORTS[state]
+    assert reports["@fake/gpu1"].ready
+    assert reports["@fake/gpu2"].first_broken is not None and reports["@fake/gpu2"].first_broken.id == "toolkit"
+    document = json.loads(report.read_text())
+    assert document["summary"] == {
+        "ready": 1, "total": 2, "not_ready_by_first_broken_link": {"toolkit": ["@fake/gpu2"]},
+    }  # fmt: skip
+    commands = state.inventory.get_host("@fake/gpu1").connector.executed_commands  # type: ignore[attr-defined]
+    assert len(commands) == 1, commands  # the whole chain in one remote command, nothing else
