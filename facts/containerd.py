@@ -262,8 +262,8 @@ class ContainerdCandidateDump(FactBase[DumpInfo | None]):
         config = f'"$S"{shlex.quote(config_path)}'
         return (
             'T=$(mktemp -d) && trap \'rm -rf "$T"\' EXIT && S="$T/stage" && mkdir "$S" && '
-            'read -r c && read -r d && '
-            f'if {{ find -L {CONFIG_ROOT} -name "*.toml" -type f 2>/dev/null | while read -r f; do '
+            'if { { read -r c && read -r d || { echo "no candidate config on stdin" >&2; false; }; } && '
+            f'find -L {CONFIG_ROOT} -name "*.toml" -type f 2>/dev/null | while read -r f; do '
             'mkdir -p "$S$(dirname "$f")" && cat "$f" > "$S$f" || exit 1; done && '
             f'{write(config_path, "c")} && {write(dropin_path, "d")}; }} 2>"$T/err"; then '
             f'containerd --config {config} config dump 2>"$T/err"; rc=$?; else rc=stage; fi; '

@@ -329,6 +329,12 @@ def test_candidate_larger_than_an_argument_is_judged(tmp_path: Path) -> None:
     assert losses(before, staged, result) == []
 
 
+def test_candidate_without_stdin_is_an_error(tmp_path: Path) -> None:
+    host = build(tmp_path, "1.7.24", {CONFIG: "version = 2\n"})
+    staged = host.fact(ContainerdCandidateDump, config_path=CONFIG, dropin_path=OUR_DROPIN, _stdin="")
+    assert staged["error"] == "could not stage the candidate: no candidate config on stdin"
+
+
 def test_plan_diff_and_gate_messages_redact_credentials(tmp_path: Path) -> None:
     """A registry password in a user's 0600 drop-in: our 1.x file carries it (mode 0600); the dry run's
     diff and the gate's messages show ``<redacted>`` instead."""

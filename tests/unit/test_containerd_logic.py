@@ -1,4 +1,4 @@
-"""Pure logic: load order, imports editing, drop-in rendering, version parsing."""
+"""Pure logic: load order, imports editing, drop-in rendering, version parsing, redaction, modes and links."""
 
 from __future__ import annotations
 
