@@ -82,7 +82,7 @@ def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
     Register the nvidia runtime with containerd, each node with its own host data. With
     ``gpunode_containerd_restart: rolling`` each node's files are written at its turn and
     containerd restarted and verified one node at a time, in rollout order, halting at the
-    first failure; with ``none`` files are only written. The node is locked for the run.
+    first failure; with ``none`` files are only written. A live node is locked for the run.
     ``values``: this host's ``settings()`` when the caller has them already.
     """
     values = values or settings()
@@ -99,6 +99,7 @@ def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
         nodes=nodes,
         _serial=True,
     )
+    rollout.node_unlocked(name="node: lock released")
 
 
 def _report() -> NodeReport:
@@ -133,6 +134,13 @@ def _accepted_settings() -> dict[str, Any] | None:
         return values
     hostdata.accepted(name="host data: accepted", error=error)
     return None
+
+
+def _preinstalled(values: dict[str, Any]) -> bool:
+    """Whether this node keeps its own driver (read before any step; the driver step changes nothing then)."""
+    loaded = host.get_fact(NvidiaDriver)["kernel_module_version"]
+    source, _ = resolve_source(values["gpunode_driver_source"], check_request(_driver_request(values)), loaded)
+    return source == "preinstalled"
 
 
 def _driver_ready(values: dict[str, Any]) -> bool:
@@ -196,7 +204,7 @@ def gpu_node_prepared() -> None:
             replace_preinstalled=values["gpunode_driver_replace_preinstalled"],
         )
         ready = partial(_driver_ready, values)
-        nvidia.fabric_manager(name="Fabric Manager: matches the driver", _if=ready)
+        nvidia.fabric_manager(name="Fabric Manager: matches the driver", preinstalled=_preinstalled(values), _if=ready)
         nvidia.container_toolkit(
             name="NVIDIA Container Toolkit: installed and held",
             source=values["gpunode_toolkit_source"],

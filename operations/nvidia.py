@@ -216,11 +216,14 @@ def _check_loaded(plan: DriverPlan) -> Generator[Any, Any, None]:
 
 
 @operation()
-def fabric_manager(version: str | None = None) -> Generator[Any, Any, None]:
+def fabric_manager(version: str | None = None, preinstalled: bool = False) -> Generator[Any, Any, None]:
     """
     Install Fabric Manager at exactly the loaded driver's version, held, on NVSwitch systems only.
 
     + version: driver version Fabric Manager must match; default the loaded module's version
+    + preinstalled: the driver was installed outside the package manager (``driver`` with
+      ``source="preinstalled"``), which brings its own Fabric Manager: only check that
+      ``nvidia-fabricmanager.service`` is active, never install or hold a package
 
     Ubuntu: ``nvidia-fabricmanager-<branch>``; Debian does not package Fabric Manager, so an
     NVSwitch system on Debian fails with a message. PCIe-only systems are skipped (Fabric
@@ -243,6 +246,15 @@ def fabric_manager(version: str | None = None) -> Generator[Any, Any, None]:
         yield _fail("Fabric Manager: no NVIDIA driver is loaded and no version was given")
         return
     fm = facts["fabric_manager"]
+    if preinstalled:
+        if fm["active"] == "active":
+            host.noop(f"Fabric Manager is active beside the preinstalled driver {target}")
+        else:
+            yield _fail(
+                f"Fabric Manager: nvidia-fabricmanager.service is {fm['active'] or 'missing'} on this NVSwitch node; "
+                f"install and start the Fabric Manager of the preinstalled driver {target} as the driver was installed"
+            )
+        return
     if facts["distro"] != "ubuntu":
         yield _fail(f"Fabric Manager: no package for distribution {facts['distro']} (supported: ubuntu)")
         return
