@@ -87,11 +87,12 @@ def roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
 
 
 def pyinfra(hosts: list[Path], *args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI on the roots (an inventory of host names only); stdout carries its log."""
+    """The CLI on the roots (an inventory of host names only); stdout carries its log. Run beside the
+    roots, not in the checkout, where a failing run would leave its ``pyinfra-debug.log``."""
     inventory = ",".join(f"@chroot/{root}" for root in hosts)
     return subprocess.run(
-        [str(PYINFRA), *args, inventory, "deploys/gpu_node.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+        [str(PYINFRA), *args, inventory, str(REPO / "deploys/gpu_node.py")],
+        cwd=hosts[0].parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
     )  # fmt: skip
 
 
