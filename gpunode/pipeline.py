@@ -83,9 +83,12 @@ def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
     ``gpunode_containerd_restart: rolling`` each node's files are written at its turn and
     containerd restarted and verified one node at a time, in rollout order, halting at the
     first failure; with ``none`` files are only written. A live node is locked for the run.
-    ``values``: this host's ``settings()`` when the caller has them already.
+    ``values``: this host's ``settings()`` when the caller has them already. A node whose host
+    data is refused fails with the reason before anything runs on it.
     """
-    values = values or settings()
+    values = values or _accepted_settings(gpu=False)
+    if values is None:
+        return
     nodes = _NODES.setdefault(state._get_module(), {})  # type: ignore[attr-defined]
     nodes[host.name] = {
         "runtime": _runtime(values),
@@ -116,15 +119,17 @@ def _driver_request(values: dict[str, Any]) -> DriverRequest:
     )
 
 
-def _accepted_settings() -> dict[str, Any] | None:
-    """This host's settings; None once the host is set to fail with the reason (naming the key),
-    so that nothing runs on it and a dry run prints the reason as its plan."""
+def _accepted_settings(gpu: bool = True) -> dict[str, Any] | None:
+    """This host's settings (with ``gpu``, the driver and toolkit keys checked too); None once the
+    host is set to fail with the reason (naming the key), so that nothing runs on it and a dry run
+    prints the reason as its plan."""
     try:
         values = settings()
-        check_request(_driver_request(values))
-        check_toolkit(
-            values["gpunode_toolkit_source"], values["gpunode_toolkit_version"], values["gpunode_toolkit_deb_dir"]
-        )
+        if gpu:
+            check_request(_driver_request(values))
+            check_toolkit(
+                values["gpunode_toolkit_source"], values["gpunode_toolkit_version"], values["gpunode_toolkit_deb_dir"]
+            )
     except (DriverRequestError, ToolkitRequestError) as exc:
         prefix = "driver" if isinstance(exc, DriverRequestError) else "toolkit"
         error = f"host-data key 'gpunode_{prefix}_{exc.argument}': {exc}"

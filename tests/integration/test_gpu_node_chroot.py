@@ -86,12 +86,12 @@ def roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
             subprocess.run(["umount", str(merged)], check=True)
 
 
-def pyinfra(hosts: list[Path], *args: str) -> subprocess.CompletedProcess[str]:
+def pyinfra(hosts: list[Path], *args: str, deploy: str = "deploys/gpu_node.py") -> subprocess.CompletedProcess[str]:
     """The CLI on the roots (an inventory of host names only); stdout carries its log. Run beside the
     roots, not in the checkout, where a failing run would leave its ``pyinfra-debug.log``."""
     inventory = ",".join(f"@chroot/{root}" for root in hosts)
     return subprocess.run(
-        [str(PYINFRA), *args, inventory, str(REPO / "deploys/gpu_node.py")],
+        [str(PYINFRA), *args, inventory, str(REPO / deploy)],
         cwd=hosts[0].parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
     )  # fmt: skip
 
@@ -218,4 +218,15 @@ def test_refused_host_data_fails_the_node_before_any_change(roots: dict[str, Pat
     run = pyinfra([root], "-y", "--data", data, *NO_RESTART)
     assert run.returncode != 0, run.stdout
     assert message in run.stdout and "Traceback" not in run.stdout
+    assert digest(root) == before
+
+
+def test_refused_host_data_in_the_containerd_deploy_fails_the_node_without_a_traceback(roots: dict[str, Path]) -> None:
+    root = roots["cpu"]
+    before = digest(root)
+    data = ("--data", "gpunode_containerd_restart=sometimes")
+    run = pyinfra([root], "-y", *data, deploy="deploys/containerd_runtime.py")
+    assert run.returncode != 0, run.stdout
+    assert "host-data key 'gpunode_containerd_restart' must be one of: rolling, none" in run.stdout
+    assert "Traceback" not in run.stdout
     assert digest(root) == before
