@@ -32,20 +32,23 @@ _LOCKED: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary(
 
 LOCK = "/run/lock/pyinfra-gpunode.lock"
 
-# Hold LOCK in a background process for as long as this connection lives (the nearest ancestor
-# that is not a shell, sudo or chroot: sshd's session, or pyinfra itself for @chroot/@local),
-# waiting up to 10 s for a run that just ended; then the lock file names its holder.
+# Hold LOCK in a background process (its first line names the holder, the second is the process)
+# for as long as this connection lives (the nearest ancestor that is not a shell, sudo or chroot:
+# sshd's session, or pyinfra itself for @chroot/@local) or until node_unlocked ends it, waiting up
+# to 10 s for a run that just ended.
 _TAKE_LOCK = (
     'mkdir -p "$(dirname "$1")" && p=$PPID; '
     'while c=$(cat /proc/$p/comm 2>/dev/null); do case "$c" in sh|bash|dash|sudo|su|doas|chroot|env|timeout) '
     "p=$(cut -d' ' -f4 /proc/$p/stat);; *) break;; esac; done; "
-    "sh -c 'exec 9<>\"$1\" && flock -w 10 9 && printf \"%s\\n\" \"$2\" > \"$1\" && "
-    "while kill -0 \"$3\" 2>/dev/null; do sleep 1; done' gpunode-lock \"$1\" \"$2\" \"$p\" "
+    "sh -c 'exec 9<>\"$1\" && flock -w 10 9 && printf \"%s\\n%s\\n\" \"$2\" \"$$\" > \"$1\" && "
+    "while kill -0 \"$3\" 2>/dev/null; do sleep 1 9>&-; done' gpunode-lock \"$1\" \"$2\" \"$p\" "
     "</dev/null >/dev/null 2>&1 & w=$!; "
-    'i=0; while [ "$i" -lt 150 ]; do [ "$(cat "$1" 2>/dev/null)" = "$2" ] && exit 0; '
+    'i=0; while [ "$i" -lt 150 ]; do [ "$(head -n 1 "$1" 2>/dev/null)" = "$2" ] && exit 0; '
     'kill -0 "$w" 2>/dev/null || break; sleep 0.1; i=$((i + 1)); done; '
-    'echo "another run holds the node lock $1: $(cat "$1" 2>/dev/null)" >&2; exit 1'
+    'echo "another run holds the node lock $1: $(head -n 1 "$1" 2>/dev/null)" >&2; exit 1'
 )
+# End the holder this run started (and only that one).
+_RELEASE_LOCK = 'if [ "$(head -n 1 "$1" 2>/dev/null)" = "$2" ]; then kill "$(sed -n 2p "$1")" 2>/dev/null; fi; true'
 
 
 @operation(is_idempotent=False, idempotent_notice="Takes the lock once per run and node.")
@@ -54,10 +57,10 @@ def node_locked():
     Hold this node's lock for the rest of the run, so two runs never work on one node at once.
 
     The lock (``/run/lock/pyinfra-gpunode.lock``, ``flock``) is held by a process on the node
-    that lives as long as this run's connection: it is released when the run ends, also when
-    it is killed. A second run waits up to 10 seconds, then fails the node naming the holder
-    (run id, controlling machine, process, start time). Taken once per run and node however
-    often the deploys call it; a dry run does not take it.
+    until ``node_unlocked`` ends it or this run's connection closes (the run ends, fails or is
+    killed). A second run waits up to 10 seconds, then fails the node naming the holder (run
+    id, controlling machine, process, start time). Taken once per run and node however often
+    the deploys call it; a dry run does not take it.
 
     **Example:**
 
@@ -80,6 +83,25 @@ def node_locked():
         )
     yield StringCommand("sh", "-c", QuoteString(_TAKE_LOCK), "gpunode-lock", LOCK, QuoteString(_HOLDERS[run]))
     locked.add(host.name)
+
+
+@operation(is_idempotent=False, idempotent_notice="Releases the lock this run holds, if any.")
+def node_unlocked():
+    """
+    Release the node lock this run took with ``node_locked``, at the end of its work on the node.
+
+    **Example:**
+
+    .. code:: python
+
+        rollout.node_unlocked(name="node: lock released")
+    """
+    run = state._get_module()  # the State behind the context proxy
+    if not state.is_executing or host.name not in _LOCKED.get(run, set()):
+        host.noop("this run holds no node lock")
+        return
+    yield StringCommand("sh", "-c", QuoteString(_RELEASE_LOCK), "gpunode-lock", LOCK, QuoteString(_HOLDERS[run]))
+    _LOCKED[run].discard(host.name)
 
 
 @operation(is_idempotent=False, idempotent_notice="Writes and restarts only on nodes whose config differs.")

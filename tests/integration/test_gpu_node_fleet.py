@@ -346,7 +346,7 @@ def test_a_restart_pending_from_before_restores_nothing(fleet: Fleet, tmp_path: 
 
     result = deploy(fleet, "-y", inventory=inventory)
     assert result.returncode != 0, result.stdout
-    assert "nothing was restored: this run wrote no containerd config on this node" in result.stdout
+    assert "nothing was restored: this run wrote no containerd config on this node" in result.stdout, result.stdout
     assert "its config is newer than the daemon" in result.stdout
     assert digest(fleet, "node1", "/etc/containerd") == before
     assert sh(fleet, "node1", f"ls {FAILED} 2>/dev/null || true") == ""
@@ -368,7 +368,7 @@ def test_a_main_config_outside_etc_containerd_is_restored_and_backups_are_privat
 
     result = deploy(fleet, "-y", inventory=inventory)
     assert result.returncode != 0, result.stdout
-    assert "replaced by the backup taken before it and containerd runs it again" in result.stdout
+    assert "replaced by the backup taken before it and containerd runs it again" in result.stdout, result.stdout
     assert sh(fleet, "node1", f"sha256sum {main}") == before
     assert "gpunode" in sh(fleet, "node1", f"cat {FAILED}/containerd-*{main}")  # the failed one, kept
     modes = sh(fleet, "node1", f"stat -c '%a %n' {BACKUPS} {BACKUPS}/*.tar {FAILED} {FAILED}/*").split("\n")
