@@ -246,6 +246,14 @@ KEYS: dict[str, Key] = {
             "by index plus `all`; the default survives a reboot (`/var/run/cdi` is a tmpfs emptied at boot)",
             _abs_path,
         ),
+        Key(
+            "gpunode_readiness_json",
+            "str or null",
+            None,
+            "file on the controller where the readiness report (every node, every link, versions, causes) is "
+            "written as JSON; null: printed only",
+            lambda value: value is None or (isinstance(value, str) and bool(value)),
+        ),
     ]
 }
 
