@@ -406,3 +406,19 @@ def test_a_second_run_is_refused_while_another_holds_the_node(fleet: Fleet, tmp_
         run.wait(timeout=60)
     third = deploy(fleet, "-y", inventory=inventory)
     assert third.returncode == 0, third.stdout
+
+
+def test_a_socket_activated_containerd_is_refused(fleet: Fleet, tmp_path: Path) -> None:
+    """A containerd.service that a socket activates is refused naming the socket; nothing is written."""
+    fleet.reset(["node2"])
+    sh(fleet, "node2", "printf '%s\\n' '[Socket]' 'ListenStream=/run/containerd/activation.sock' "
+       "> /etc/systemd/system/containerd.socket && systemctl daemon-reload && systemctl stop containerd && "
+       "systemctl start containerd.socket && systemctl start containerd")
+    before = (main_pid(fleet, "node2"), digest(fleet, "node2", "/etc/containerd"))
+
+    result = deploy(fleet, "-y", inventory=inventory_of(fleet, tmp_path, {"node2": {}}))
+    assert result.returncode != 0, result.stdout
+    assert "[node2] containerd rollout failed: containerd.service is socket-activated by containerd.socket" in (
+        result.stdout
+    ), result.stdout
+    assert (main_pid(fleet, "node2"), digest(fleet, "node2", "/etc/containerd")) == before
