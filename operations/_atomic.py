@@ -37,4 +37,4 @@ def fail(message: str) -> StringCommand:
     """
     if not state.is_executing:
         logger.warning("%splan: %s", host.print_prefix, message)
-    return StringCommand("echo", QuoteString(message), ">&2", "&&", "exit", "1")
+    return StringCommand("printf", "'%s\\n'", QuoteString(message), ">&2", "&&", "exit", "1")
