@@ -7,7 +7,9 @@ user's drop-in glob, so no user drop-in can load after it:
   carries the CRI section as the user meant it (the main config's CRI keys, then every
   drop-in's, deep-merged in load order), plus runc if absent, the nvidia runtime and CDI.
   It is recomputed from the other files on every run, so a user drop-in added later takes
-  effect at the next run instead of erasing the nvidia runtime.
+  effect at the next run instead of erasing the nvidia runtime. Its header records which file
+  each carried key came from (``# carried-from`` lines): a key whose file was removed, is no
+  longer imported or no longer sets it is dropped at the next run as the user's intent.
 - containerd 2.x deep-merges: our file holds only the keys we own (the nvidia runtime,
   ``enable_cdi``, ``cdi_spec_dirs``, and the default runtime when asked), with the same
   ``version`` and plugin names as config.toml.
@@ -16,6 +18,7 @@ user's drop-in glob, so no user drop-in can load after it:
 from __future__ import annotations
 
 import copy
+import json
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -37,6 +40,9 @@ RUNTIME = "nvidia"
 FILLED_IN = {"runtime_type": RUNC_V2, "sandbox_mode": "podsandbox"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 OUR_DROPIN = "/etc/containerd/gpunode/nvidia-runtime.toml"
+PROVENANCE = "# carried-from "
+_EARLIER = re.compile(r"^#   kept CRI keys of (/.*?): (\S.*)$")
+PROVENANCE_HEAD = "# The file each carried CRI key came from (read back by the next run; keep each line intact):"
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,11 @@ class Plan:
     # Values the user's files set that our files must keep: dotted key -> (file, value).
     user_set: dict[str, tuple[str, Any]] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)  # files whose keys our drop-in carries
+    # Keys our previous file carried from a file that no longer sets them: dotted key -> that file.
+    dropped: dict[str, str] = field(default_factory=dict)
+    dropped_lines: list[str] = field(default_factory=list)  # the same, for the plan
+    # Our previous file records no source for the keys it carries (edited by hand).
+    provenance_unknown: bool = False
     schema: int = 2
     account: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -108,12 +119,55 @@ _TEMPLATE = Environment(
 ).from_string(resources.files("pyinfra_gpunode.templates.containerd").joinpath("dropin.toml.j2").read_text())
 
 
-def _render(data: dict[str, Any], account: list[str]) -> str:
+def _render(data: dict[str, Any], account: list[str], carried: dict[str, str] | None = None) -> str:
     body = tomlkit.dumps(_sorted(data))
-    text = _TEMPLATE.render(account=account, body=body)
+    provenance = [] if carried is None else [PROVENANCE_HEAD] + [
+        PROVENANCE + json.dumps({"file": path, "keys": keys}) for path, keys in _by_file(carried).items()
+    ]
+    text = _TEMPLATE.render(account=account, provenance=provenance, body=body)
     if tomllib.loads(text) != data:
         raise RuntimeError("rendered drop-in does not parse back to the intended configuration")
     return text
+
+
+def carried_from(text: str | None) -> dict[str, str] | None:
+    """The previous file's ``# carried-from`` lines: dotted CRI key -> the file it was carried from.
+
+    Files written before these lines existed list the same in their account (``kept CRI keys
+    of <file>: <keys>``), which is read instead. ``None`` where the text records neither (no
+    file yet, or one edited by hand). A line that no longer parses as written is skipped: its
+    keys count as of unknown source.
+    """
+    lines = (text or "").splitlines()
+    found: dict[str, str] | None = {} if PROVENANCE_HEAD in lines else None
+    for line in lines:
+        earlier = _EARLIER.match(line)
+        if earlier:  # an earlier version's account line lists the same, in load order
+            found = found if found is not None else {}
+            found.update(dict.fromkeys(earlier.group(2).split(", "), earlier.group(1)))
+        if not line.startswith(PROVENANCE):
+            continue
+        found = found if found is not None else {}
+        try:
+            entry = json.loads(line[len(PROVENANCE):])
+        except ValueError:
+            continue
+        if (
+            isinstance(entry, dict)
+            and isinstance(entry.get("file"), str)
+            and isinstance(entry.get("keys"), list)
+            and all(isinstance(key, str) for key in entry["keys"])
+        ):
+            found.update(dict.fromkeys(entry["keys"], entry["file"]))
+    return found
+
+
+def _by_file(keys: dict[str, str]) -> dict[str, list[str]]:
+    """``{key: file}`` as ``{file: [keys, sorted]}``, files in order of their first key."""
+    out: dict[str, list[str]] = {}
+    for key, path in sorted(keys.items()):
+        out.setdefault(path, []).append(key)
+    return out
 
 
 def _sorted(data: dict[str, Any]) -> dict[str, Any]:
@@ -306,6 +360,7 @@ def plan(
     if version["major"] == 1:
         fill = {key: value for key, value in FILLED_IN.items() if key in (runc_default or {"runtime_type": ""})}
         _plan_full_cri(result, others, version, options, runc, fill)
+        _drop_removed(result, texts, others, texts.get(options.dropin_path))
     else:
         _plan_owned_keys(result, others, plugin, options, runc)
     return result
@@ -320,12 +375,13 @@ def _plan_full_cri(
     fill: dict[str, str],
 ) -> None:
     cri: dict[str, Any] = {}
+    carried: dict[str, str] = {}
     for config in others:
         table = _cri_table(config, CRI_V2)
         if table:
             cri = deep_merge(cri, table)
+            carried.update(dict.fromkeys(flatten(table), config["path"]))
             result.sources.append(config["path"])
-            result.account.append(f"kept CRI keys of {config['path']}: {', '.join(sorted(flatten(table)))}")
     containerd = cri.setdefault("containerd", {})
     runtimes = containerd.setdefault("runtimes", {})
     if "runc" not in runtimes:
@@ -367,7 +423,21 @@ def _plan_full_cri(
     )
     result.dropin_data = {"version": 2, "plugins": {CRI_V2: cri}}
     result.intended = flatten(cri)
-    result.dropin_text = _render(result.dropin_data, result.account)
+    result.dropin_text = _render(result.dropin_data, result.account, carried)
+
+
+def _drop_removed(result: Plan, texts: dict[str, str], others: list[ConfigFile], previous: str | None) -> None:
+    """Keys our previous file carried from a file that no longer sets them leave as the user's intent."""
+    sources = carried_from(previous)
+    if sources is None:
+        result.provenance_unknown = bool(previous and previous.strip())
+        return
+    present = {config["path"] for config in others}
+    result.dropped = {key: path for key, path in sources.items() if key not in result.intended}
+    for path, keys in _by_file(result.dropped).items():
+        why = ("which was removed" if path not in texts
+               else "which is no longer imported" if path not in present else "which no longer sets them")
+        result.dropped_lines.append(f"dropped {', '.join(keys)} carried from {path}, {why}")
 
 
 def _plan_owned_keys(

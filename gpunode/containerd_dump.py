@@ -129,6 +129,7 @@ def candidate_losses(
     intended: dict[str, Any],
     binary: str,
     user_set: dict[str, tuple[str, Any]] | None = None,
+    dropped: dict[str, str] | None = None,
 ) -> list[str]:
     """What the candidate config would lose or break, compared with the current dump.
 
@@ -138,17 +139,25 @@ def candidate_losses(
     (``intended``). A runtime's empty ``runtime_type``/``sandbox_mode`` counts as the default
     containerd fills in. Every runtime present before must stay, the default runtime must be
     defined, and no new warning may appear. Credential values are not shown.
+
+    ``dropped`` (dotted key -> file) holds the keys our previous file carried from a file that
+    no longer sets them: the user removed them, so they may change or go, and a runtime they
+    defined may go with every key under it.
     """
     losses = []
-    user_set = user_set or {}
+    user_set, dropped = user_set or {}, dropped or {}
     summary_before, summary_after = summarize(before), summarize(after)
     runtimes = summary_after["runtimes"]
+    removed = [
+        f"containerd.runtimes.{name}." for name in summary_before["runtimes"]
+        if name not in runtimes and any(key.startswith(f"containerd.runtimes.{name}.") for key in dropped)
+    ]
     if RUNTIME not in runtimes:
         losses.append(f"runtime {RUNTIME} is missing from the merged config")
     elif runtimes[RUNTIME]["BinaryName"] != binary:
         losses.append(f"runtime {RUNTIME} has BinaryName {runtimes[RUNTIME]['BinaryName']!r}, not {binary!r}")
     for name in summary_before["runtimes"]:
-        if name not in runtimes:
+        if name not in runtimes and f"containerd.runtimes.{name}." not in removed:
             losses.append(f"runtime {name} would be lost")
     default = summary_after["default_runtime_name"] or "runc"
     if default not in runtimes:
@@ -158,6 +167,8 @@ def candidate_losses(
         rest = key.partition(":")[2]
         was, now = old.get(key, _UNSET), new.get(key, _UNSET)
         if was is not _UNSET and _normal(rest, was) == _normal(rest, now):
+            continue
+        if rest in dropped or rest.startswith(tuple(removed)):
             continue
         if rest in user_set:
             path, value = user_set[rest]

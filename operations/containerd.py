@@ -109,6 +109,8 @@ def registration(
         return Registration("containerd config not changed: " + "; ".join(result.errors))
     for warning in result.warnings:
         logger.warning("%s%s", host.print_prefix, warning)
+    for line in result.dropped_lines:
+        logger.info("%s%s", host.print_prefix, line)
 
     if not node["binary_present"]:
         message = f"nvidia runtime binary {binary} is missing on the node"
@@ -153,10 +155,14 @@ def registration(
         return found
     losses = candidate_losses(
         before_dump, after["dump"], before["warnings"] if before else [], after["warnings"], result.intended, binary,
-        result.user_set,
+        result.user_set, result.dropped,
     )
     if losses:
         found.problem = "containerd config not changed: the candidate would lose: " + "; ".join(losses)
+        if result.provenance_unknown:
+            found.problem += (f" ({OUR_DROPIN} does not record which file each key it carries came from, so a "
+                              "removed drop-in cannot be told from a loss: put the drop-in back, run once, then "
+                              "remove it again)")
         return found
     found.service = node["service"]
     return found

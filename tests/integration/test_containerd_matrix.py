@@ -7,12 +7,23 @@ own fact commands read it, the pure logic plans the files, and ``containerd conf
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, Plan, plan, staged_imports
+from pyinfra_gpunode.containerd_dropin import (
+    CRI_V2,
+    OUR_DROPIN,
+    PROVENANCE,
+    PROVENANCE_HEAD,
+    Options,
+    Plan,
+    flatten,
+    plan,
+    staged_imports,
+)
 from pyinfra_gpunode.containerd_dump import candidate_losses, parse_cri_start_log, runc_runtime
 from pyinfra_gpunode.containerd_files import strictest_mode
 from pyinfra_gpunode.facts.containerd import (
@@ -162,7 +173,8 @@ def candidate(host: ScenarioHost, result: Plan, config_text: str | None = None, 
 
 def losses(before: dict, after: dict, result: Plan) -> list[str]:
     return candidate_losses(
-        before["dump"], after["dump"], before["warnings"], after["warnings"], result.intended, BINARY, result.user_set
+        before["dump"], after["dump"], before["warnings"], after["warnings"], result.intended, BINARY,
+        result.user_set, result.dropped,
     )
 
 
@@ -421,3 +433,100 @@ def test_daemon_without_runc_fails_cri(tmp_path: Path) -> None:
     loaded = parse_cri_start_log(host.run_daemon().splitlines())
     assert loaded["loaded"] is False
     assert "no corresponding runtime configured" in (loaded["error"] or "")
+
+
+SITE = f"{CONFD}/10-site.toml"
+TOOLKIT = f"{CONFD}/99-nvidia.toml"
+
+
+def toolkit_then_removed(tmp_path: Path, version: str) -> tuple[ScenarioHost, Plan]:
+    """Debian's config.toml, a site drop-in (registry, cni conf_dir) and the toolkit's drop-in, planned and
+    written; then the toolkit's drop-in is deleted (as the toolkit does when it exits)."""
+    site = registry() + '\n[plugins."io.containerd.grpc.v1.cri".cni]\n  conf_dir = "/etc/cni/site.d"\n'
+    host = build(tmp_path, version, {CONFIG: debian_config(version), SITE: site, TOOLKIT: toolkit_dropin()})
+    _files, first = apply_plan(host)
+    host.write(CONFIG, first.config_text)
+    host.write(OUR_DROPIN, first.dropin_text)
+    loaded = host.fact(ContainerdConfigDump)["summary"]
+    assert {"nvidia-cdi", "nvidia-legacy"} <= set(loaded["runtimes"]) and loaded["default_runtime_name"] == "nvidia"
+    host.remove(TOOLKIT)
+    return host, first
+
+
+@pytest.mark.parametrize("version", ["1.6.20", "1.7.24"])
+def test_removed_dropin_is_dropped_not_refused(tmp_path: Path, version: str) -> None:
+    """The toolkit's drop-in is deleted: its runtimes leave as the user's intent, the other files' keys stay."""
+    host, _first = toolkit_then_removed(tmp_path, version)
+    before = host.fact(ContainerdConfigDump)
+    assert "nvidia-cdi" in before["summary"]["runtimes"]  # our file still carries them
+    _files, result = apply_plan(host)
+    assert result.dropped_lines == [
+        "dropped containerd.default_runtime_name, containerd.runtimes.nvidia-cdi.options.BinaryName, "
+        "containerd.runtimes.nvidia-cdi.options.SystemdCgroup, containerd.runtimes.nvidia-cdi.runtime_type, "
+        "containerd.runtimes.nvidia-legacy.options.BinaryName, "
+        "containerd.runtimes.nvidia-legacy.options.SystemdCgroup, "
+        "containerd.runtimes.nvidia-legacy.runtime_type"
+        + (", enable_cdi" if version == "1.6.20" else "")
+        + f" carried from {TOOLKIT}, which was removed"
+    ]
+    staged = candidate(host, result)
+    assert losses(before, staged, result) == []
+    # Without the record of where the keys came from, the gate refuses the node (the behaviour before).
+    unrecorded = candidate_losses(
+        before["dump"], staged["dump"], before["warnings"], staged["warnings"], result.intended, BINARY,
+        result.user_set,
+    )
+    assert "runtime nvidia-cdi would be lost" in unrecorded and "runtime nvidia-legacy would be lost" in unrecorded
+
+    host.write(OUR_DROPIN, result.dropin_text)
+    after = host.fact(ContainerdConfigDump)
+    assert after["warnings"] == []
+    summary = after["summary"]
+    assert set(summary["runtimes"]) == {"nvidia", "runc"}
+    assert (summary["default_runtime_name"] or "runc") == "runc"
+    assert summary["runtimes"]["nvidia"]["BinaryName"] == BINARY
+    assert summary["registry_config_path"] == "/etc/containerd/certs.d"
+    cni = cri_table(after["dump"], version)["cni"]
+    assert (cni["bin_dir"], cni["conf_dir"]) == ("/usr/lib/cni", "/etc/cni/site.d")  # the remaining files' values
+    assert TOOLKIT not in result.dropin_text
+    # The next run changes nothing and drops nothing more.
+    _files, again = apply_plan(host)
+    assert (again.dropin_text, again.dropped_lines) == (result.dropin_text, [])
+
+
+def earlier_version(text: str, files: dict[str, str]) -> str:
+    """Our file as the version before the source record wrote it: an account line per file, no record."""
+    kept = [
+        f"#   kept CRI keys of {path}: {', '.join(sorted(flatten(table)))}\n"
+        for path, table in ((path, tomllib.loads(files[path]).get("plugins", {}).get(CRI_V2)) for path in files)
+        if table
+    ]
+    lines = [line for line in text.splitlines(keepends=True) if not line.startswith((PROVENANCE, PROVENANCE_HEAD))]
+    return "".join(lines[:3] + kept + lines[3:])
+
+
+@pytest.mark.parametrize("version", ["1.6.20", "1.7.24"])
+def test_managed_file_of_an_earlier_version(tmp_path: Path, version: str) -> None:
+    """Its account lines say which file each key came from: read as the record, a removal is dropped.
+    A file with no record at all (edited by hand) keeps the refusal: its keys are of unknown source."""
+    files = {CONFIG: debian_config(version), SITE: registry(), TOOLKIT: toolkit_dropin()}
+    host = build(tmp_path, version, files)
+    _files, first = apply_plan(host)
+    earlier = earlier_version(first.dropin_text, {SITE: files[SITE], TOOLKIT: files[TOOLKIT], CONFIG: files[CONFIG]})
+    assert earlier != first.dropin_text and "kept CRI keys of" in earlier
+    host.write(CONFIG, first.config_text)
+    host.write(OUR_DROPIN, earlier)
+    before = host.fact(ContainerdConfigDump)
+    _files, upgrade = apply_plan(host)  # nothing removed: the same CRI section, now with the record
+    assert upgrade.dropin_text == first.dropin_text and upgrade.dropped == {}
+    assert losses(before, candidate(host, upgrade), upgrade) == []
+
+    host.remove(TOOLKIT)
+    _files, result = apply_plan(host)
+    assert result.dropped_lines and result.dropped_lines[0].endswith(f"{TOOLKIT}, which was removed")
+    assert losses(before, candidate(host, result), result) == []
+
+    host.write(OUR_DROPIN, "".join(line for line in earlier.splitlines(keepends=True) if not line.startswith("#")))
+    _files, unknown = apply_plan(host)
+    assert unknown.provenance_unknown and unknown.dropped == {}
+    assert "runtime nvidia-cdi would be lost" in losses(before, candidate(host, unknown), unknown)

@@ -37,6 +37,10 @@ class ScenarioHost:
         else:
             target.write_text(text)
 
+    def remove(self, path: str) -> None:
+        """Delete ``path`` (absolute, under /etc) from the scenario, as a user or the toolkit would."""
+        (self.upper / Path(path).relative_to("/etc")).unlink()
+
     def link(self, path: str, target: str) -> None:
         """Make ``path`` (absolute, under /etc) a symbolic link to ``target``."""
         link = self.upper / Path(path).relative_to("/etc")

@@ -6,8 +6,8 @@ import tomllib
 
 import pytest
 
-from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, edit_imports, plan
-from pyinfra_gpunode.containerd_dump import redacted, shown
+from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, PROVENANCE, Options, carried_from, edit_imports, plan
+from pyinfra_gpunode.containerd_dump import candidate_losses, redacted, shown
 from pyinfra_gpunode.containerd_files import links_in_the_way, load_order, resolve_tree, strictest_mode
 from pyinfra_gpunode.versions import parse_containerd_version
 
@@ -183,3 +183,98 @@ def test_not_utf8_is_an_error_naming_the_byte() -> None:
     text = b"version = 2\n# caf\xe9\n".decode(errors="surrogateescape")
     main = resolve_tree(MAIN, {MAIN: text})["main"]
     assert main is not None and main["error"] == "not UTF-8: byte 0xe9 on line 2"
+
+
+TOOLKIT = "/etc/containerd/conf.d/99-nvidia.toml"
+SITE = "/etc/containerd/conf.d/10-site.toml"
+CRI = '"io.containerd.grpc.v1.cri"'
+
+
+def _written(texts: dict[str, str]) -> dict[str, str]:
+    """The node's files once a plan of ``texts`` was written."""
+    first = plan(MAIN, texts, V17, Options())
+    assert not first.errors, first.errors
+    return {**texts, MAIN: first.config_text, OUR_DROPIN: first.dropin_text}
+
+
+def _tree() -> dict[str, str]:
+    toolkit = (
+        f'version = 2\n[plugins.{CRI}.containerd]\n  default_runtime_name = "nvidia-cdi"\n'
+        f'[plugins.{CRI}.containerd.runtimes.nvidia-cdi]\n  runtime_type = "io.containerd.runc.v2"\n'
+        f'[plugins.{CRI}.registry]\n  config_path = "/etc/containerd/certs.d-toolkit"\n'
+    )
+    site = f'version = 2\n[plugins.{CRI}.registry]\n  config_path = "/etc/containerd/certs.d"\n'
+    return _written({MAIN: 'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n', SITE: site, TOOLKIT: toolkit})
+
+
+def test_carried_keys_record_their_file_and_parse_back() -> None:
+    texts = _tree()
+    assert carried_from(texts[OUR_DROPIN]) == {
+        "containerd.default_runtime_name": TOOLKIT,
+        "containerd.runtimes.nvidia-cdi.runtime_type": TOOLKIT,
+        "registry.config_path": TOOLKIT,  # the last file setting it
+    }
+    assert carried_from(None) is None
+    earlier = "#   kept CRI keys of /a.toml: x, y.z\n#   kept CRI keys of /b.toml: x\n\nversion = 2\n"
+    assert carried_from(earlier) == {"x": "/b.toml", "y.z": "/a.toml"}  # an earlier version's account
+    assert carried_from("# edited by hand\nversion = 2\n") is None
+
+
+def test_removed_file_drops_its_keys_and_a_key_another_file_sets_stays() -> None:
+    texts = _tree()
+    del texts[TOOLKIT]
+    result = plan(MAIN, texts, V17, Options())
+    assert result.dropped_lines == [
+        f"dropped containerd.default_runtime_name, containerd.runtimes.nvidia-cdi.runtime_type carried from "
+        f"{TOOLKIT}, which was removed"
+    ]
+    assert result.intended["registry.config_path"] == "/etc/containerd/certs.d"  # the site file still sets it
+    assert "nvidia-cdi" not in result.dropin_text and "registry.config_path" not in result.dropped
+
+
+def test_file_no_longer_setting_its_keys_drops_them() -> None:
+    texts = _tree()
+    texts[TOOLKIT] = texts[TOOLKIT].split("[plugins")[0]
+    result = plan(MAIN, texts, V17, Options())
+    assert result.dropped_lines[0].endswith(f"{TOOLKIT}, which no longer sets them")
+
+
+def test_file_no_longer_imported_drops_its_keys() -> None:
+    extra = "/etc/containerd/extra.toml"
+    main = 'version = 2\nimports = ["/etc/containerd/extra.toml", "/etc/containerd/conf.d/*.toml"]\n'
+    texts = _written({MAIN: main, extra: f'version = 2\n[plugins.{CRI}.registry]\n  config_path = "/x"\n'})
+    texts[MAIN] = texts[MAIN].replace('"/etc/containerd/extra.toml", ', "")
+    result = plan(MAIN, texts, V17, Options())
+    assert result.dropped_lines == [f"dropped registry.config_path carried from {extra}, which is no longer imported"]
+
+
+def test_an_edited_source_record_leaves_only_its_keys_unknown() -> None:
+    texts = _tree()
+    lines = texts[OUR_DROPIN].splitlines(keepends=True)
+    mangled = [line[:40] + "\n" if line.startswith(PROVENANCE) and TOOLKIT in line else line for line in lines]
+    texts[OUR_DROPIN] = "".join(mangled)
+    del texts[TOOLKIT]
+    result = plan(MAIN, texts, V17, Options())
+    assert carried_from(texts[OUR_DROPIN]) == {}
+    assert (result.dropped, result.provenance_unknown) == ({}, False)  # the gate then judges them as before
+
+
+def _dump(runtimes: dict[str, str], default: str = "runc") -> dict:
+    tables = {name: {"runtime_type": "io.containerd.runc.v2", "sandbox_mode": "podsandbox",
+                     "options": {"BinaryName": binary}} for name, binary in runtimes.items()}
+    return {"version": 2, "plugins": {"io.containerd.grpc.v1.cri": {
+        "containerd": {"default_runtime_name": default, "runtimes": tables}}}}
+
+
+def test_gate_counts_dropped_keys_as_intent_and_nothing_else() -> None:
+    binary = "/usr/bin/nvidia-container-runtime"
+    before = _dump({"runc": "", "nvidia": binary, "nvidia-cdi": "x", "kata": "k"}, default="nvidia-cdi")
+    after = _dump({"runc": "", "nvidia": binary})
+    dropped = {"containerd.runtimes.nvidia-cdi.runtime_type": TOOLKIT, "containerd.default_runtime_name": TOOLKIT}
+    losses = candidate_losses(before, after, [], [], {}, binary, {}, dropped)
+    assert losses == ["runtime kata would be lost"] + [
+        f"io.containerd.grpc.v1.cri:containerd.runtimes.kata.{key} would change from {value!r} to <unset>"
+        for key, value in (("options.BinaryName", "k"), ("runtime_type", "io.containerd.runc.v2"),
+                           ("sandbox_mode", "podsandbox"))
+    ]
+    assert "runtime nvidia-cdi would be lost" in candidate_losses(before, after, [], [], {}, binary, {})
