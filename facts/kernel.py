@@ -50,8 +50,9 @@ def _boot_kernel(lines: list[str]) -> str | None:
 class KernelState(FactBase[dict[str, Any]]):
     """
     Returns the kernel state in one read: running release, installed ``linux-*`` packages,
-    held packages (``apt-mark showhold``), the kernel the ``/vmlinuz`` (Debian) or
-    ``/boot/vmlinuz`` (Ubuntu) link boots next, Secure Boot, and whether nouveau is loaded.
+    which of them are held (dpkg's selection state, which ``apt-mark hold`` sets), the kernel
+    the ``/vmlinuz`` (Debian) or ``/boot/vmlinuz`` (Ubuntu) link boots next, Secure Boot, and
+    whether nouveau is loaded.
 
     .. code:: python
 
@@ -73,9 +74,6 @@ class KernelState(FactBase[dict[str, Any]]):
                 "uname -r",
                 marker("packages"),
                 dpkg_query("linux-*"),
-                marker("held"),
-                # Without the cache options apt-mark writes /var/cache/apt/*.bin when they are missing.
-                "apt-mark -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= showhold 2>/dev/null || true",
                 marker("boot"),
                 'for link in /vmlinuz /boot/vmlinuz; do if [ -L "$link" ]; then readlink "$link"; fi; done',
                 SECURE_BOOT_SCRIPT,
@@ -103,7 +101,7 @@ class KernelState(FactBase[dict[str, Any]]):
         return {
             "running": running[0] if running else None,
             "packages": {name: info["version"] for name, info in sorted(packages.items())},
-            "held": sorted({line.strip() for line in sections.get("held", []) if line.strip()}),
+            "held": sorted(name for name, info in packages.items() if info["held"]),
             "boot_kernel": _boot_kernel(sections.get("boot", [])),
             "secure_boot": parse_secure_boot(sections.get("secureboot", [])),
             "nouveau_loaded": any(line.strip() == "loaded" for line in sections.get("nouveau", [])),
