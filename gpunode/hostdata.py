@@ -78,6 +78,30 @@ KEYS: dict[str, Key] = {
             lambda value: isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_RESTART_TIMEOUT,
         ),
         Key(
+            "gpunode_rollout_before",
+            "list[str]",
+            [],
+            "command run on the controller (argv, no shell) before a node's turn, e.g. to cordon and drain it; "
+            "`{node}` (inventory name) and `{hostname}` (the node's hostname) are filled in, the planned changes are "
+            "in `GPUNODE_CHANGES`; failing leaves the node untouched and halts the rollout. `[]`: no hook",
+            _is_str_list,
+        ),
+        Key(
+            "gpunode_rollout_after",
+            "list[str]",
+            [],
+            "command run on the controller after a node's turn succeeded (uncordon, wait for its GPUs); same "
+            "placeholders and environment as `gpunode_rollout_before`; failing halts the rollout after this node",
+            _is_str_list,
+        ),
+        Key(
+            "gpunode_hook_timeout",
+            "number > 0",
+            600,
+            "seconds each rollout hook may run before it is killed and counts as failed",
+            lambda value: isinstance(value, int | float) and not isinstance(value, bool) and value > 0,
+        ),
+        Key(
             "gpunode_containerd_dropin_dir",
             "absolute path",
             "/etc/containerd/conf.d",

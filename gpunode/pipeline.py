@@ -8,7 +8,9 @@ From the CLI the deploy files call them; from Python::
 
 from __future__ import annotations
 
+import shutil
 import weakref
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -18,6 +20,7 @@ from pyinfra.facts.server import LinuxDistribution
 
 from pyinfra_gpunode.driver_plan import DriverRequest, DriverRequestError, check_request, resolve_source
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaGpus
+from pyinfra_gpunode.hooks import HOOK_KEYS, check_hook
 from pyinfra_gpunode.hostdata import HostDataError, validate
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import (
@@ -36,6 +39,8 @@ from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit
 def settings() -> dict[str, Any]:
     """This host's validated host data, with the rollout order checked against the inventory."""
     values = validate(host.data.dict())
+    for key in HOOK_KEYS:
+        values[key] = check_hook(key, values[key], shutil.which)
     values["rollout_order"] = _rollout_order(state._get_module())  # type: ignore[attr-defined]
     return values
 
@@ -71,6 +76,12 @@ def _locked(values: dict[str, Any]) -> None:
     rollout.node_locked(name="node: locked for this run", _if=lambda: live)
 
 
+# Per run (State): the nodes whose driver changes in their rollout turn: the planned changes and
+# the steps that make them (the driver, then the GPU steps after it).
+_DRIVER_TURNS: weakref.WeakKeyDictionary[State, dict[str, tuple[list[str], Callable[[], None]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
 # Per run (State): every node's own rollout settings, added as each host's deploy runs (at prepare,
 # so complete before the rollout executes); hosts whose data was refused are not in it.
 _NODES: weakref.WeakKeyDictionary[State, dict[str, NodeSettings]] = weakref.WeakKeyDictionary()
@@ -90,10 +101,16 @@ def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
     if values is None:
         return
     nodes = _NODES.setdefault(state._get_module(), {})  # type: ignore[attr-defined]
+    driver, steps = _DRIVER_TURNS.get(state._get_module(), {}).get(host.name, ([], None))  # type: ignore[attr-defined]
     nodes[host.name] = {
         "runtime": _runtime(values),
         "timeout": values["gpunode_restart_timeout"],
         "restart": values["gpunode_containerd_restart"],
+        "before": values["gpunode_rollout_before"],
+        "after": values["gpunode_rollout_after"],
+        "hook_timeout": values["gpunode_hook_timeout"],
+        "driver": driver,
+        "steps": steps,
     }
     _locked(values)
     rollout.nvidia_runtime_rolled_out(
@@ -172,13 +189,43 @@ def _driver_ready(values: dict[str, Any]) -> bool:
     return report.driver_ready
 
 
+def _driver_arguments(values: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "source": values["gpunode_driver_source"],
+        "branch": values["gpunode_driver_branch"],
+        "version": values["gpunode_driver_version"],
+        "flavor": values["gpunode_driver_flavor"],
+        "allow_dkms": values["gpunode_allow_dkms"],
+        "mok_enrolled": values["gpunode_mok_enrolled"],
+        "reboot": values["gpunode_reboot"],
+        "replace_preinstalled": values["gpunode_driver_replace_preinstalled"],
+    }
+
+
+def _gpu_steps(values: dict[str, Any]) -> None:
+    """The driver, then (once it is loaded and matches its userspace) Fabric Manager, the toolkit, CDI."""
+    nvidia.driver(name="NVIDIA driver: installed and held, or preinstalled", **_driver_arguments(values))
+    ready = partial(_driver_ready, values)
+    nvidia.fabric_manager(name="Fabric Manager: matches the driver", preinstalled=_preinstalled(values), _if=ready)
+    nvidia.container_toolkit(
+        name="NVIDIA Container Toolkit: installed and held",
+        source=values["gpunode_toolkit_source"],
+        version=values["gpunode_toolkit_version"],
+        deb_dir=values["gpunode_toolkit_deb_dir"],
+        _if=ready,
+    )
+    cdi.spec(name="CDI spec: current for the loaded driver", path=values["gpunode_cdi_spec_path"], _if=ready)
+
+
 @deploy("Prepare a Kubernetes GPU node")
 def gpu_node_prepared() -> None:
     """
     Prepare the node in dependency order: kernel held, unattended-upgrades and needrestart,
     nouveau, then on nodes with an NVIDIA GPU the driver (installed from packages, or the
     node's own) and, once it is loaded, Fabric Manager, the container toolkit and the CDI spec;
-    last the containerd runtime, rolled out one node at a time, and a per-node summary. A node
+    last the containerd runtime, rolled out one node at a time, and a per-node summary. A
+    driver change (install, upgrade, reboot) is made in the node's rollout turn, with the GPU
+    steps after it, between the rollout hooks; everything else runs on all nodes at once. A node
     whose host data is refused fails with the reason before anything runs on it.
     """
     if distribution.refusal(host.get_fact(LinuxDistribution)["release_meta"]):
@@ -197,27 +244,12 @@ def gpu_node_prepared() -> None:
     )
     kernel.nouveau_blacklisted(name="nouveau: blacklisted")
     if host.get_fact(NvidiaGpus)["gpus"]:
-        nvidia.driver(
-            name="NVIDIA driver: installed and held, or preinstalled",
-            source=values["gpunode_driver_source"],
-            branch=values["gpunode_driver_branch"],
-            version=values["gpunode_driver_version"],
-            flavor=values["gpunode_driver_flavor"],
-            allow_dkms=values["gpunode_allow_dkms"],
-            mok_enrolled=values["gpunode_mok_enrolled"],
-            reboot=values["gpunode_reboot"],
-            replace_preinstalled=values["gpunode_driver_replace_preinstalled"],
-        )
-        ready = partial(_driver_ready, values)
-        nvidia.fabric_manager(name="Fabric Manager: matches the driver", preinstalled=_preinstalled(values), _if=ready)
-        nvidia.container_toolkit(
-            name="NVIDIA Container Toolkit: installed and held",
-            source=values["gpunode_toolkit_source"],
-            version=values["gpunode_toolkit_version"],
-            deb_dir=values["gpunode_toolkit_deb_dir"],
-            _if=ready,
-        )
-        cdi.spec(name="CDI spec: current for the loaded driver", path=values["gpunode_cdi_spec_path"], _if=ready)
+        changes = nvidia.driver_changes(**_driver_arguments(values))
+        if changes and values["gpunode_containerd_restart"] == "rolling":  # in the node's turn
+            turns = _DRIVER_TURNS.setdefault(state._get_module(), {})  # type: ignore[attr-defined]
+            turns[host.name] = (changes, partial(_gpu_steps, values))
+        else:
+            _gpu_steps(values)
     else:
         _report().skipped.append("driver, Fabric Manager, toolkit, CDI: no NVIDIA GPU")
         logger.info("%sno NVIDIA GPU: driver, Fabric Manager, toolkit and CDI steps skipped", host.print_prefix)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -61,6 +61,11 @@ class NodeSettings(TypedDict):
     runtime: dict[str, Any]  # containerd.nvidia_runtime arguments
     timeout: int  # seconds a restart may take
     restart: str  # "rolling" or "none" (files only)
+    before: list[str]  # controller-side hook argv before the turn ([]: none)
+    after: list[str]  # controller-side hook argv after the turn ([]: none)
+    hook_timeout: float  # seconds each hook may run
+    driver: list[str]  # the driver's disruptive changes planned for the turn ([]: none)
+    steps: Callable[[], object] | None  # adds the driver and the GPU steps after it, at the turn
 
 
 def node_settings(nodes: Mapping[str, Mapping[str, Any]], name: str) -> NodeSettings:
@@ -70,7 +75,22 @@ def node_settings(nodes: Mapping[str, Mapping[str, Any]], name: str) -> NodeSett
         "runtime": dict(given.get("runtime", {})),
         "timeout": int(given.get("timeout", 60)),
         "restart": str(given.get("restart", "rolling")),
+        "before": list(given.get("before", [])),
+        "after": list(given.get("after", [])),
+        "hook_timeout": float(given.get("hook_timeout", 600)),
+        "driver": list(given.get("driver", [])),
+        "steps": given.get("steps"),
     }
+
+
+def turn_changes(driver: Sequence[str], writes: Sequence[str], restart_reason: str | None) -> list[str]:
+    """What a node's turn is planned to change, one line each (the hooks get them in ``GPUNODE_CHANGES``)."""
+    changes = list(driver)
+    if writes:
+        changes.append(f"containerd: write {', '.join(writes)}, restart and verify")
+    elif restart_reason is not None:
+        changes.append(f"containerd: restart ({restart_reason or 'pending'}) and verify")
+    return changes
 
 
 def unit_problem(service: Mapping[str, Any] | None) -> str | None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 import shlex
+import time
 from collections.abc import Generator
 from typing import Any
 
 from pyinfra import host, state
-from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
-from pyinfra.operations import server
+from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
+from pyinfra.facts.server import Command
 
 from pyinfra_gpunode.driver_plan import (
     DRIVER_SOURCES,
@@ -40,6 +41,7 @@ from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._atomic import write_file
 from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit, newest_common_version, toolkit_source
 
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 TOOLKIT_FINGERPRINT = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
 TOOLKIT_KEY_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
 TOOLKIT_REPO_LINE = (
@@ -136,29 +138,17 @@ def driver(
     if not facts["pci"]["gpus"]:
         host.noop("no NVIDIA GPU on this node; driver skipped")
         return
-    chosen, error = resolve_source(source, request, facts["driver"]["kernel_module_version"])
-    if chosen == "preinstalled":
-        description, error = preinstalled_driver(facts["driver"], request.version)
-    elif chosen == "packages" and not replace_preinstalled:
-        error = foreign_driver(facts["driver"])
+    error, description, plan = _planned(facts, source, request, replace_preinstalled)
     if error:
-        yield _fail(f"NVIDIA driver: {error}")
+        yield _fail(error)
         return
-    if chosen == "preinstalled":
-        _preinstalled(description, facts["driver"])
+    if plan is None:
+        yield from _preinstalled(description, facts["driver"], reboot)
         return
     info = _host_info(facts)
     installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
     held = {name for name, pkg in facts["packages"].items() if pkg["held"]}
-    plan = plan_driver(info, request, installed, None)
-    if plan.error == "query":
-        available = host.get_fact(NvidiaAptVersions, packages=wanted_names(info, request))
-        plan = plan_driver(info, request, installed, available)
-    if plan.error:
-        yield _fail(f"NVIDIA driver {request.version or request.branch}: {plan.error}")
-        return
-
-    to_install = {n: v for n, v in plan.packages.items() if n not in installed or (v and installed[n] != v)}
+    to_install = _to_install(plan, installed)
     to_hold = [name for name in plan.hold if name not in held]
     if to_install:
         yield _install(to_install)
@@ -175,8 +165,8 @@ def driver(
 
     needs_reboot = not same_driver(loaded, plan.version)
     if needs_reboot and reboot:
-        yield from server.reboot._inner(delay=10, reboot_timeout=600)
-        yield from _check_loaded(plan)
+        yield from _rebooted()
+        yield from _check_loaded(plan.version)
         return
     if not to_install and not to_hold:
         if needs_reboot:
@@ -188,8 +178,81 @@ def driver(
             host.noop(f"NVIDIA driver {plan.version} is installed, held and loaded ({plan.method})")
 
 
-def _preinstalled(description: str, loaded: dict[str, Any]) -> None:
-    """Accept the node's own driver: nothing to run; the plan says so, and a reboot it waits for."""
+def driver_changes(
+    source: str = "auto",
+    branch: str | None = None,
+    version: str | None = None,
+    flavor: str = "server",
+    allow_dkms: bool = False,
+    mok_enrolled: bool = False,
+    reboot: bool = False,
+    replace_preinstalled: bool = False,
+) -> list[str]:
+    """The disruptive changes ``driver`` would make on this host with the same arguments (reads
+    facts, changes nothing): ``driver: install …`` and ``driver: reboot …``; ``[]`` where it would
+    only hold packages, change nothing, or fail the host."""
+    try:
+        request = check_request(DriverRequest(branch, version, flavor, allow_dkms, mok_enrolled))
+    except DriverRequestError:
+        return []
+    facts = host.get_fact(NvidiaHostState)
+    if source not in DRIVER_SOURCES or not facts["pci"]["gpus"]:
+        return []
+    error, _, plan = _planned(facts, source, request, replace_preinstalled)
+    loaded = facts["driver"]["kernel_module_version"]
+    if error:
+        return []
+    if plan is None:
+        if reboot and facts["driver"]["mismatch"]:
+            return [f"driver: reboot ({loaded} loaded, {facts['driver']['userspace_version']} installed)"]
+        return []
+    installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
+    to_install = _to_install(plan, installed)
+    changes = [f"driver: install {' '.join(f'{n}={v}' if v else n for n, v in sorted(to_install.items()))}"]
+    changes = changes if to_install else []
+    if reboot and not same_driver(loaded, plan.version):
+        changes.append(f"driver: reboot ({loaded or 'no module'} loaded, {plan.version} installed)")
+    return changes
+
+
+def _planned(
+    facts: dict[str, Any], source: str, request: DriverRequest, replace_preinstalled: bool
+) -> tuple[str, str, DriverPlan | None]:
+    """``(error, description, plan)``: why the host fails, or the preinstalled driver it keeps
+    (``plan`` None), or the package plan."""
+    chosen, error = resolve_source(source, request, facts["driver"]["kernel_module_version"])
+    description = ""
+    if chosen == "preinstalled":
+        description, error = preinstalled_driver(facts["driver"], request.version)
+    elif chosen == "packages" and not replace_preinstalled:
+        error = foreign_driver(facts["driver"])
+    if error or chosen == "preinstalled":
+        return (f"NVIDIA driver: {error}" if error else ""), description, None
+    info = _host_info(facts)
+    installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
+    plan = plan_driver(info, request, installed, None)
+    if plan.error == "query":
+        available = host.get_fact(NvidiaAptVersions, packages=wanted_names(info, request))
+        plan = plan_driver(info, request, installed, available)
+    if plan.error:
+        return f"NVIDIA driver {request.version or request.branch}: {plan.error}", "", None
+    return "", "", plan
+
+
+def _to_install(plan: DriverPlan, installed: dict[str, str]) -> dict[str, str]:
+    return {n: v for n, v in plan.packages.items() if n not in installed or (v and installed[n] != v)}
+
+
+def _preinstalled(description: str, loaded: dict[str, Any], reboot: bool) -> Generator[Any, Any, None]:
+    """Accept the node's own driver: nothing to run (the plan says so), or with ``reboot`` the
+    reboot a userspace newer than the loaded module waits for, and the check after it."""
+    if loaded["mismatch"] and reboot:
+        if not state.is_executing:
+            logger.info("%splan: %s; reboot into its userspace %s", host.print_prefix, description,
+                        loaded["userspace_version"])  # fmt: skip
+        yield from _rebooted()
+        yield from _check_loaded(loaded["userspace_version"])
+        return
     if loaded["mismatch"]:
         description += f"; its userspace library is {loaded['userspace_version']}: reboot pending"
     elif not loaded["userspace_version"]:
@@ -204,15 +267,47 @@ def _module_built_now() -> bool:
     return not state.is_executing or bool(host.get_fact(NvidiaHostState)["module_built"])
 
 
-def _check_loaded(plan: DriverPlan) -> Generator[Any, Any, None]:
-    """After a reboot: fail the host unless the planned driver version is loaded."""
+def _rebooted(timeout: float = 600) -> Generator[Any, Any, None]:
+    """Reboot the node and wait until it answers again with a new boot id, reconnecting."""
+    boot: list[str] = []
+
+    def remember(state: Any, host: Any) -> bool:
+        boot.append(host.get_fact(Command, BOOT_ID))
+        return True
+
+    def back(state: Any, host: Any) -> bool:
+        deadline = time.monotonic() + timeout
+        host.disconnect()
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            host.connect(show_errors=False)
+            if host.connected:
+                try:
+                    if host.get_fact(Command, BOOT_ID) not in ("", boot[0]):
+                        return True
+                except Exception:  # the old connection's last moments: try again
+                    pass
+                host.disconnect()
+        logger.error("%sthe node did not come back within %d s of its reboot", host.print_prefix, timeout)
+        return False
+
+    yield FunctionCommand(remember, (), {})
+    yield StringCommand("sh", "-c", QuoteString("(sleep 1 && systemctl reboot) </dev/null >/dev/null 2>&1 &"))
+    yield FunctionCommand(back, (), {})
+
+
+def _check_loaded(version: str) -> Generator[Any, Any, None]:
+    """After a reboot: fail the host unless driver ``version`` is loaded and matches its userspace."""
     if not state.is_executing:
         return
     now = host.get_fact(NvidiaDriver)
-    if not same_driver(now["kernel_module_version"], plan.version):
+    if not same_driver(now["kernel_module_version"], version) or now["mismatch"]:
         yield _fail(
-            f"after reboot the loaded NVIDIA module is {now['kernel_module_version'] or 'none'}, not {plan.version}"
+            f"after the reboot the loaded NVIDIA module is {now['kernel_module_version'] or 'none'} "
+            f"(userspace {now['userspace_version'] or 'none'}), not {version}"
         )
+    else:
+        logger.info("%sdriver %s loaded after the reboot", host.print_prefix, version)
 
 
 @operation()

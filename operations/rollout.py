@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import time
 import uuid
 import weakref
 from collections.abc import Mapping
@@ -16,11 +19,20 @@ from pyinfra.api.exceptions import NestedOperationError
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
+from pyinfra.facts.server import Hostname
 
+from pyinfra_gpunode.hooks import hook_argv, hook_environment, placeholders
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import containerd
 from pyinfra_gpunode.operations._atomic import fail
-from pyinfra_gpunode.rollout import NodeReport, NodeSettings, node_settings, summary_table, unit_problem
+from pyinfra_gpunode.rollout import (
+    NodeReport,
+    NodeSettings,
+    node_settings,
+    summary_table,
+    turn_changes,
+    unit_problem,
+)
 
 # Per run (State): node name -> "done", "unchanged", "failed: <reason>" or "halted: <reason>".
 OUTCOMES: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
@@ -107,25 +119,36 @@ def node_unlocked():
 @operation(is_idempotent=False, idempotent_notice="Writes and restarts only on nodes whose config differs.")
 def nvidia_runtime_rolled_out(order: list[str], nodes: dict[str, NodeSettings] | None = None):
     """
-    Register the nvidia runtime and restart containerd node by node in ``order``: each node's
-    files are written only when its turn comes, and the next node starts only after this one
-    was verified. The first failure (a refused config, a unit that cannot be restarted, or a
-    restart that does not verify and was rolled back) halts the rollout: later nodes are
-    neither written nor restarted.
+    Take every disruptive change node by node in ``order``: a node's turn runs the before-hook,
+    its driver change (and reboot) with the GPU steps after it, writes its containerd files,
+    restarts and verifies containerd, then runs the after-hook; the next node starts only after
+    this one's turn ended. The first failure (a hook that fails, a refused config, a unit that
+    cannot be restarted, a driver that is not loaded after the reboot, or a restart that does
+    not verify and was rolled back) halts the rollout: later nodes are not touched.
 
     + order: host names in rollout order (``pyinfra_gpunode.rollout.rollout_order``)
     + nodes: each node's own settings by host name: ``runtime`` (``containerd.nvidia_runtime``
-      arguments), ``timeout`` (seconds its restart may take to bring the CRI plugin up) and
-      ``restart`` (``rolling``, or ``none``: files only, no restart, outside the turns);
-      a node not listed takes the defaults
+      arguments), ``timeout`` (seconds its restart may take to bring the CRI plugin up),
+      ``restart`` (``rolling``, or ``none``: files only, no restart, outside the turns),
+      ``before`` and ``after`` (argv run on the controller around the turn, ``{node}`` and
+      ``{hostname}`` filled in; ``[]``: none), ``hook_timeout`` (seconds per hook), ``driver``
+      (the driver changes planned for the turn, as ``nvidia.driver_changes`` lists them) and
+      ``steps`` (a callable adding the driver and GPU operations, called at the turn); a node
+      not listed takes the defaults
 
     Add it with ``_serial=True`` for every host. The first host pyinfra runs it on conducts the
     whole rollout through nested operations (pyinfra takes serial hosts in random order), each
     node with its own settings; every host then reports its own node's outcome, so a failed
-    node fails the run with its reason. At a node's turn its config tree is saved (a tar per
-    turn under ``/var/lib/pyinfra-gpunode/backup``) right before its files are written, and a
-    failed restart restores only that. A node whose containerd is not active is restarted and
-    verified at its turn. Without ``-y`` the prepare pass prints each node's plan.
+    node fails the run with its reason. A node with nothing disruptive to do takes no turn and
+    runs no hook. The hooks run on the controller without a shell, with the controller's
+    environment plus ``GPUNODE_HOOK``, ``GPUNODE_NODE``, ``GPUNODE_HOSTNAME``,
+    ``GPUNODE_CHANGES`` (the turn's planned changes, one a line) and ``GPUNODE_DRIVER_CHANGE``.
+    A failed before-hook leaves its node untouched; a turn that failed runs no after-hook (the
+    node stays as the before-hook left it, e.g. cordoned). At a node's turn its config tree is
+    saved (a tar per turn under ``/var/lib/pyinfra-gpunode/backup``) right before its files
+    are written, and a failed restart restores only that. A node whose containerd is not
+    active is restarted and verified at its turn. Without ``-y`` the prepare pass prints each
+    node's plan, hooks included; hooks never run then.
 
     **Example:**
 
@@ -134,7 +157,8 @@ def nvidia_runtime_rolled_out(order: list[str], nodes: dict[str, NodeSettings] |
         rollout.nvidia_runtime_rolled_out(
             name="containerd: nvidia runtime, one node at a time",
             order=["node1", "node2", "node3"],
-            nodes={"node3": {"runtime": {"default_runtime": True}, "timeout": 60, "restart": "rolling"}},
+            nodes={"node3": {"runtime": {"default_runtime": True}, "timeout": 60, "restart": "rolling",
+                             "before": ["kubectl", "drain", "{hostname}", "--ignore-daemonsets"]}},
             _serial=True,
         )
     """
@@ -160,18 +184,46 @@ def _plan(settings: NodeSettings):
     found = containerd.registration(**settings["runtime"])
     rolling = settings["restart"] == "rolling"
     unit = unit_problem(found.service) if rolling and found.installed and not found.problem else None
+    reason = found.service["restart_reason"] if found.service and found.restart_pending else None
+    changes = turn_changes(settings["driver"], found.writes, reason if rolling else None)
     if found.problem or unit:
         logger.warning("%splan: %s", host.print_prefix, found.problem or unit)
-    elif found.writes:
-        then = "then restart containerd and verify" if rolling else "no restart (gpunode_containerd_restart: none)"
-        logger.info("%splan: write %s, %s\n%s", host.print_prefix, ", ".join(found.writes), then, found.diff())
-    elif rolling and found.restart_pending:
-        reason = found.service["restart_reason"] if found.service else ""
-        logger.info("%splan: restart containerd (%s) and verify", host.print_prefix, reason)
-    else:
-        host.noop("containerd runs the nvidia runtime config")
+    elif not changes and not found.writes:
+        host.noop("containerd runs the nvidia runtime config; nothing disruptive to do")
         return
+    else:
+        hooks = _plan_hooks(settings) if rolling and changes else []
+        for line in hooks[:1] + settings["driver"]:
+            logger.info("%splan: %s", host.print_prefix, line)
+        if found.writes:
+            then = "then restart containerd and verify" if rolling else "no restart (gpunode_containerd_restart: none)"
+            logger.info("%splan: write %s, %s\n%s", host.print_prefix, ", ".join(found.writes), then, found.diff())
+        elif rolling and found.restart_pending:
+            logger.info("%splan: restart containerd (%s) and verify", host.print_prefix, reason)
+        for line in hooks[1:]:
+            logger.info("%splan: %s", host.print_prefix, line)
     yield StringCommand("true")  # marks the change at prepare; at execute the rollout runs instead
+
+
+def _plan_hooks(settings: NodeSettings) -> list[str]:
+    """The turn's before- and after-hook as the plan lists them (never run in a dry run)."""
+    hostname = _hostname(host, settings)
+    lines = []
+    for which in ("before", "after"):
+        argv = hook_argv(settings[which], host.name, hostname)
+        lines.append(f"{which}-hook on the controller: {_shown(argv)}" if argv else f"{which}-hook: none")
+    return lines
+
+
+def _shown(argv: list[str]) -> str:
+    return " ".join(repr(arg) if not arg or any(c.isspace() for c in arg) else arg for arg in argv)
+
+
+def _hostname(node: Host, settings: NodeSettings) -> str:
+    """The node's hostname, read only when a hook asks for ``{hostname}``."""
+    if any("hostname" in placeholders(arg) for arg in (*settings["before"], *settings["after"])):
+        return str(node.get_fact(Hostname))
+    return ""
 
 
 def _files_only(runtime: dict[str, Any]):
@@ -205,10 +257,10 @@ def _conduct(state: State, order: list[str], nodes: Mapping[str, NodeSettings]) 
             outcomes[node.name] = f"halted: not touched after the failure on {halted_by}"
         elif unit:
             outcomes[node.name] = f"failed: {unit}"
-        elif not (found.problem or found.writes or found.restart_pending):
+        elif not (found.problem or found.writes or found.restart_pending or settings[node.name]["driver"]):
             outcomes[node.name] = "unchanged"
         else:
-            outcomes[node.name] = _turn(state, node, settings[node.name], bool(found.writes))
+            outcomes[node.name] = _turn(state, node, settings[node.name], found)
         if not outcomes[node.name].startswith(("unchanged", "halted")):
             logger.info("%scontainerd rollout %s", node.print_prefix, outcomes[node.name])
         if outcomes[node.name].startswith("failed"):
@@ -241,8 +293,20 @@ def _reports(state: State, order: list[str], outcomes: dict[str, str]) -> dict[s
     return reports
 
 
-def _turn(state: State, node: Host, settings: NodeSettings, writes: bool) -> str:
-    """One node's turn: back up, write its files, restart and verify (what it wrote rolled back on failure)."""
+def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Registration) -> str:
+    """One node's turn: before-hook; driver and GPU steps; back up, write its files, restart and
+    verify (what it wrote rolled back on failure); after-hook. Returns the outcome."""
+    reason = found.service["restart_reason"] if found.service and found.restart_pending else ""
+    changes = turn_changes(settings["driver"], found.writes, reason if found.restart_pending else None)
+    hooked = not found.problem  # a refused config fails the node at once: no hook, no driver change
+    did: list[str] = []
+    with ctx_state.use(state), ctx_host.use(node):
+        hostname = _hostname(node, settings) if hooked else ""
+    if hooked and settings["before"]:
+        failure = _hook(node, "before", settings, hostname, changes)
+        if failure:
+            return f"failed: before-hook {failure}; the node was not touched"
+        did.append("before-hook")
     # The conducting host is inside this operation: its nested steps run as if it were not.
     saved = {name: getattr(node, name) for name in _OP_CONTEXT}
     node.in_op = False
@@ -250,6 +314,14 @@ def _turn(state: State, node: Host, settings: NodeSettings, writes: bool) -> str
         # pyinfra's context manager does not restore the host on an exception: catch inside it.
         with ctx_host.use(node):
             try:
+                writes = bool(found.writes) and not found.problem  # a refused config: nothing to back up
+                if hooked and settings["steps"]:
+                    settings["steps"]()
+                    did.extend(settings["driver"])
+                    if any(change.startswith("driver: reboot") for change in settings["driver"]):
+                        _LOCKED.get(state, set()).discard(node.name)  # the lock's holder ended with the boot
+                        node_locked(name="node: locked again after the reboot")
+                    writes = bool(containerd.registration(**settings["runtime"]).writes)
                 backup = _backup_path() if writes else None
                 if backup:
                     containerd.config_backed_up(name="containerd: config backed up", path=backup)
@@ -261,11 +333,54 @@ def _turn(state: State, node: Host, settings: NodeSettings, writes: bool) -> str
                 )
             except NestedOperationError as error:
                 stderr = state.ops[node][error.args[0]].operation_meta.stderr.strip()
-                return f"failed: {stderr.splitlines()[-1] if stderr else 'see the log above'}"
+                cause = stderr.splitlines()[-1] if stderr else "see the log above"
+                return f"failed: {cause}" + ("; after-hook not run" if hooked and settings["after"] else "")
     finally:
         for name, value in saved.items():
             setattr(node, name, value)
-    return "done" if written.did_change() or restarted.did_change() else "unchanged"
+    if written.did_change():
+        did.append("containerd written")
+    if restarted.did_change():
+        did.append("containerd restarted and verified")
+    if hooked and settings["after"]:
+        failure = _hook(node, "after", settings, hostname, changes)
+        if failure:
+            return f"failed: after-hook {failure}; the node was changed: {', '.join(did)}"
+        did.append("after-hook")
+    return f"done: {', '.join(did)}" if did else "unchanged"
+
+
+def _hook(node: Host, which: str, settings: NodeSettings, hostname: str, changes: list[str]) -> str | None:
+    """Run the node's ``which`` hook on the controller (no shell); ``None`` when it exited 0, else why not."""
+    argv = hook_argv(settings[which], node.name, hostname)
+    env = hook_environment(os.environ, which, node.name, hostname, changes)
+    timeout = settings["hook_timeout"]
+    logger.info("%s%s-hook: %s", node.print_prefix, which, _shown(argv))
+    started = time.monotonic()
+    try:
+        process = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, errors="replace", start_new_session=True,
+        )  # fmt: skip
+    except OSError as exc:
+        return f"{argv[0]} could not start: {exc}"
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the hook and whatever it started
+        output, _ = process.communicate()
+        _log_output(node, which, output)
+        return f"{argv[0]} timed out after {timeout:g} s (gpunode_hook_timeout) and was killed"
+    _log_output(node, which, output)
+    if process.returncode != 0:
+        last = output.strip().splitlines()[-1] if output.strip() else "no output"
+        return f"{argv[0]} exited {process.returncode} after {time.monotonic() - started:.1f} s: {last}"
+    return None
+
+
+def _log_output(node: Host, which: str, output: str) -> None:
+    for line in output.rstrip().splitlines():
+        logger.info("%s%s-hook | %s", node.print_prefix, which, line)
 
 
 _OP_CONTEXT = ("in_op", "current_op_hash", "current_op_global_arguments", "current_op_deploy_data")

@@ -1,0 +1,70 @@
+"""Controller-side hooks around a node's rollout turn: checked argv templates, placeholders, environment (no I/O)."""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pyinfra_gpunode.hostdata import HostDataError
+
+PLACEHOLDERS = ("node", "hostname")
+HOOK_KEYS = ("gpunode_rollout_before", "gpunode_rollout_after")
+
+
+def placeholders(argument: str) -> list[str]:
+    """The ``{name}`` fields of one argument (``{{`` and ``}}`` are braces); ``ValueError`` on unbalanced ones."""
+    return [field for _, field, _, _ in string.Formatter().parse(argument) if field is not None]
+
+
+def check_hook(key: str, value: Any, which: Callable[[str], str | None]) -> list[str]:
+    """``value`` as a hook's argv (``[]``: no hook), or ``HostDataError`` naming ``key``.
+
+    ``which`` finds a program on the controller (``shutil.which``): the hook's first element
+    must name one that exists, without placeholders.
+    """
+    if not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
+        raise HostDataError(f"host-data key {key!r} must be a list of strings (the hook's argv), got {value!r}")
+    if not value:
+        return []
+    for argument in value:
+        try:
+            fields = placeholders(argument)
+        except ValueError as exc:
+            raise HostDataError(f"host-data key {key!r}: {argument!r} has unbalanced braces ({exc})") from exc
+        unknown = [field for field in fields if field not in PLACEHOLDERS]
+        if unknown:
+            raise HostDataError(
+                f"host-data key {key!r}: unknown placeholder {{{unknown[0]}}} in {argument!r} "
+                f"(known: {', '.join('{' + name + '}' for name in PLACEHOLDERS)})"
+            )
+    program = value[0]
+    if not program or placeholders(program):
+        raise HostDataError(f"host-data key {key!r}: the program (first element) must be a plain name, got {program!r}")
+    if which(program) is None:
+        raise HostDataError(f"host-data key {key!r}: program {program!r} is not found on the controller")
+    return list(value)
+
+
+def hook_argv(template: Sequence[str], node: str, hostname: str) -> list[str]:
+    """``template`` with ``{node}`` (the inventory name) and ``{hostname}`` (the node's own) filled in."""
+    return [argument.format(node=node, hostname=hostname) for argument in template]
+
+
+def hook_environment(
+    base: Mapping[str, str], which: str, node: str, hostname: str, changes: Sequence[str]
+) -> dict[str, str]:
+    """The hook's environment: ``base`` (the controller's) plus what this turn is about.
+
+    ``GPUNODE_HOOK`` (before/after), ``GPUNODE_NODE``, ``GPUNODE_HOSTNAME``, ``GPUNODE_CHANGES``
+    (the turn's planned changes, one a line) and ``GPUNODE_DRIVER_CHANGE`` (``1`` when the
+    turn changes the driver, else ``0``).
+    """
+    return {
+        **base,
+        "GPUNODE_HOOK": which,
+        "GPUNODE_NODE": node,
+        "GPUNODE_HOSTNAME": hostname,
+        "GPUNODE_CHANGES": "\n".join(changes),
+        "GPUNODE_DRIVER_CHANGE": "1" if any(change.startswith("driver") for change in changes) else "0",
+    }
