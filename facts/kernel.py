@@ -8,6 +8,7 @@ from typing import Any
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
 from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_sections
 
 SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
@@ -181,4 +182,49 @@ class NouveauBlacklist(FactBase[dict[str, Any]]):
             "content": text("content"),
             "initramfs": text("initramfs"),
             "loaded": any(line.strip() == "loaded" for line in sections.get("nouveau", [])),
+        }
+
+
+PREP_PART = "@@gpunode-prep:"
+
+
+class HostPrepState(FactBase[dict[str, Any]]):
+    """
+    Returns in one command what the host-preparation steps read: ``KernelState``,
+    ``UnattendedUpgradesState`` (this library's default drop-in paths) and ``NouveauBlacklist``
+    for ``path``, each as that fact returns it.
+
+    + path: modprobe.d file meant to blacklist nouveau
+
+    .. code:: python
+
+        {
+            "kernel": {"running": "6.12.117+deb13-cloud-amd64", "packages": {...}, "held": [...], ...},
+            "unattended": {"unattended_upgrades_installed": True, "apt_conf": None, ...},
+            "nouveau": {"content": None, "initramfs": None, "loaded": False},
+        }
+    """
+
+    @override
+    def command(self, path: str) -> str:
+        parts = {
+            "kernel": KernelState().command(),
+            "unattended": UnattendedUpgradesState().command(),
+            "nouveau": NouveauBlacklist().command(path),
+        }
+        return "; ".join(f"echo '{PREP_PART}{name}'; {script}" for name, script in parts.items())
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        parts: dict[str, list[str]] = {"kernel": [], "unattended": [], "nouveau": []}
+        current: list[str] = []
+        for line in output:
+            if line.startswith(PREP_PART) and line.removeprefix(PREP_PART) in parts:
+                current = parts[line.removeprefix(PREP_PART)]
+            else:
+                current.append(line)
+        return {
+            "kernel": KernelState().process(parts["kernel"]),
+            "unattended": UnattendedUpgradesState().process(parts["unattended"]),
+            "nouveau": NouveauBlacklist().process(parts["nouveau"]),
         }

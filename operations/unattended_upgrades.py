@@ -8,9 +8,10 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 
-from pyinfra_gpunode.facts.unattended_upgrades import APT_CONF, NEEDRESTART_CONF, UnattendedUpgradesState
+from pyinfra_gpunode.facts.unattended_upgrades import APT_CONF, NEEDRESTART_CONF
 from pyinfra_gpunode.needrestart import DEFAULT_KEEP, render_needrestart_conf
 from pyinfra_gpunode.operations._atomic import write_file
+from pyinfra_gpunode.operations._prep import prep_state
 from pyinfra_gpunode.unattended import DEFAULT_BLACKLIST, MODES, SERVICE, TIMERS, render_apt_conf
 
 
@@ -58,7 +59,7 @@ def configured(
     except ValueError as exc:
         raise OperationValueError(str(exc)) from exc
 
-    state = host.get_fact(UnattendedUpgradesState, apt_conf=APT_CONF, needrestart_conf=NEEDRESTART_CONF)
+    state = prep_state("unattended", apt_conf=APT_CONF, needrestart_conf=NEEDRESTART_CONF)
     changed = False
     if state["apt_conf"] != apt_text:
         changed = True

@@ -18,9 +18,8 @@ from pyinfra.facts.server import LinuxDistribution
 
 from pyinfra_gpunode.facts.cdi import CdiSpecs
 from pyinfra_gpunode.facts.containerd import ContainerdNodeState
-from pyinfra_gpunode.facts.kernel import KernelState, NouveauBlacklist
+from pyinfra_gpunode.facts.kernel import PREP_PART, HostPrepState
 from pyinfra_gpunode.facts.nvidia import NvidiaContainerToolkit, NvidiaDriver, NvidiaGpus, NvidiaHostState
-from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
 from pyinfra_gpunode.operations.kernel import NOUVEAU_CONF
 from pyinfra_gpunode.operations.rollout import REPORTS
 from pyinfra_gpunode.pipeline import gpu_node_prepared
@@ -50,6 +49,12 @@ def fake_host(name: str, driver: list[str]) -> tuple[str, dict[str, Any]]:
     host_state = HOST_STATE[:12] + driver + HOST_STATE[16:]  # the driver sections of NvidiaHostState
     responses: dict[Any, Any] = {  # longest commands first: a fact's command may contain another's
         re.compile(r">&2 && exit 1$"): {"success": False},  # operations' fail(): a failing command
+        HostPrepState().command(NOUVEAU_CONF): [
+            f"{PREP_PART}kernel", *fixture_output("kernel.KernelState", "debian_trixie_unheld"),
+            f"{PREP_PART}unattended",
+            *fixture_output("unattended_upgrades.UnattendedUpgradesState", "debian_trixie_default"),
+            f"{PREP_PART}nouveau", *fixture_output("kernel.NouveauBlacklist", "absent"),
+        ],
         NvidiaHostState().command(): host_state,
         ContainerdNodeState().command(RUNTIME): (TESTS / "samples/containerd-node-state-1.7-converged.txt")
         .read_text().splitlines(),
@@ -57,11 +62,6 @@ def fake_host(name: str, driver: list[str]) -> tuple[str, dict[str, Any]]:
         CdiSpecs().command(): [],
         NvidiaDriver().command(): driver,
         NvidiaGpus().command(): ["@@pci", "0000:41:00.0 0x030200 0x2331", "@@nvswitch"],
-        KernelState().command(): fixture_output("kernel.KernelState", "debian_trixie_unheld"),
-        UnattendedUpgradesState().command(): fixture_output(
-            "unattended_upgrades.UnattendedUpgradesState", "debian_trixie_default"
-        ),
-        NouveauBlacklist().command(NOUVEAU_CONF): fixture_output("kernel.NouveauBlacklist", "absent"),
         LinuxDistribution().command(): ["/etc/os-release", "ID=debian", 'VERSION_ID="13"', "---"],
     }
     data = {
