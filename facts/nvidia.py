@@ -8,6 +8,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
+from pyinfra.facts.server import LinuxDistribution
 from typing_extensions import override
 
 from pyinfra_gpunode.driver_versions import parse_proc_version, version_from_library
@@ -184,6 +185,43 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
     @override
     def process(self, output: list[str]) -> dict[str, Any]:
         return parse_pci(split_sections(output))
+
+
+KIND_PART = "@@gpunode-kind:"
+
+
+class NodeKind(FactBase[dict[str, Any]]):
+    """
+    Returns in one command what decides which steps a node gets: pyinfra's ``LinuxDistribution``
+    and ``NvidiaGpus``, each as that fact returns it.
+
+    .. code:: python
+
+        {
+            "distribution": {"name": "Debian", "major": 13, "minor": None, "release_meta": {"ID": "debian", ...}},
+            "gpus": {"gpus": [{"address": "0000:07:00.0", "class": "0x030200", "device": "0x20b0"}],
+                     "nvswitches": [], "nvswitch": False},
+        }
+    """
+
+    @override
+    def command(self) -> str:
+        distribution = LinuxDistribution().command()
+        return f"echo '{KIND_PART}distribution'; ({distribution}); echo '{KIND_PART}gpus'; {PCI_SCRIPT}"
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        parts: dict[str, list[str]] = {"distribution": [], "gpus": []}
+        current: list[str] = []
+        for line in output:
+            if line.startswith(KIND_PART) and line.removeprefix(KIND_PART) in parts:
+                current = parts[line.removeprefix(KIND_PART)]
+            else:
+                current.append(line)
+        return {
+            "distribution": LinuxDistribution().process(parts["distribution"]),
+            "gpus": NvidiaGpus().process(parts["gpus"]),
+        }
 
 
 NVML_SNIPPET = """

@@ -16,10 +16,9 @@ from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import State, deploy
-from pyinfra.facts.server import LinuxDistribution
 
 from pyinfra_gpunode.driver_plan import DriverRequest, DriverRequestError, check_request, resolve_source
-from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaGpus
+from pyinfra_gpunode.facts.nvidia import NodeKind, NvidiaDriver
 from pyinfra_gpunode.hooks import HOOK_KEYS, check_hook
 from pyinfra_gpunode.hostdata import HostDataError, validate
 from pyinfra_gpunode.log import logger
@@ -228,7 +227,8 @@ def gpu_node_prepared() -> None:
     steps after it, between the rollout hooks; everything else runs on all nodes at once. A node
     whose host data is refused fails with the reason before anything runs on it.
     """
-    if distribution.refusal(host.get_fact(LinuxDistribution)["release_meta"]):
+    kind = host.get_fact(NodeKind)  # distribution and GPUs in one read
+    if distribution.refusal(kind["distribution"]["release_meta"]):
         distribution.supported(name="distribution: supported")  # fails the node before any change
         return
     values = _accepted_settings()
@@ -243,7 +243,7 @@ def gpu_node_prepared() -> None:
         needrestart_keep=values["gpunode_needrestart_keep"],
     )
     kernel.nouveau_blacklisted(name="nouveau: blacklisted")
-    if host.get_fact(NvidiaGpus)["gpus"]:
+    if kind["gpus"]["gpus"]:
         changes = nvidia.driver_changes(**_driver_arguments(values))
         if changes and values["gpunode_containerd_restart"] == "rolling":  # in the node's turn
             turns = _DRIVER_TURNS.setdefault(state._get_module(), {})  # type: ignore[attr-defined]

@@ -14,12 +14,18 @@ from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.operations import run_ops
-from pyinfra.facts.server import LinuxDistribution
 
 from pyinfra_gpunode.facts.cdi import CdiSpecs
 from pyinfra_gpunode.facts.containerd import ContainerdNodeState
 from pyinfra_gpunode.facts.kernel import PREP_PART, HostPrepState
-from pyinfra_gpunode.facts.nvidia import NvidiaContainerToolkit, NvidiaDriver, NvidiaGpus, NvidiaHostState
+from pyinfra_gpunode.facts.nvidia import (
+    KIND_PART,
+    NodeKind,
+    NvidiaContainerToolkit,
+    NvidiaDriver,
+    NvidiaGpus,
+    NvidiaHostState,
+)
 from pyinfra_gpunode.operations.kernel import NOUVEAU_CONF
 from pyinfra_gpunode.operations.rollout import REPORTS
 from pyinfra_gpunode.pipeline import gpu_node_prepared
@@ -61,8 +67,11 @@ def fake_host(name: str, driver: list[str]) -> tuple[str, dict[str, Any]]:
         NvidiaContainerToolkit().command(): fixture_output("nvidia.NvidiaContainerToolkit", "installed_1_17"),
         CdiSpecs().command(): [],
         NvidiaDriver().command(): driver,
+        NodeKind().command(): [
+            f"{KIND_PART}distribution", "/etc/os-release", "ID=debian", 'VERSION_ID="13"', "---",
+            f"{KIND_PART}gpus", "@@pci", "0000:41:00.0 0x030200 0x2331", "@@nvswitch",
+        ],
         NvidiaGpus().command(): ["@@pci", "0000:41:00.0 0x030200 0x2331", "@@nvswitch"],
-        LinuxDistribution().command(): ["/etc/os-release", "ID=debian", 'VERSION_ID="13"', "---"],
     }
     data = {
         "fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0,
@@ -78,6 +87,7 @@ def h200_host(name: str) -> tuple[str, dict[str, Any]]:
     responses = data["fake_responses"]
     responses[NvidiaHostState().command()] = fixture_output("nvidia.NvidiaHostState", "h200_ubuntu_preinstalled")
     responses[NvidiaGpus().command()] = fixture_output("nvidia.NvidiaGpus", "h200_pcie")
+    responses[NodeKind().command()] = [*responses[NodeKind().command()][:6], *responses[NvidiaGpus().command()]]
     return target, {key: value for key, value in data.items() if not key.startswith("gpunode_")}
 
 
