@@ -55,8 +55,8 @@ _TAKE_LOCK = (
     "sh -c 'exec 9<>\"$1\" && flock -w 10 9 && printf \"%s\\n%s\\n\" \"$2\" \"$$\" > \"$1\" && "
     "while kill -0 \"$3\" 2>/dev/null; do sleep 1 9>&-; done' gpunode-lock \"$1\" \"$2\" \"$p\" "
     "</dev/null >/dev/null 2>&1 & w=$!; "
-    'i=0; while [ "$i" -lt 150 ]; do [ "$(head -n 1 "$1" 2>/dev/null)" = "$2" ] && exit 0; '
-    'kill -0 "$w" 2>/dev/null || break; sleep 0.1; i=$((i + 1)); done; '
+    'i=0; while [ "$i" -lt 1500 ]; do [ "$(head -n 1 "$1" 2>/dev/null)" = "$2" ] && exit 0; '
+    'kill -0 "$w" 2>/dev/null || break; sleep 0.01; i=$((i + 1)); done; '
     'echo "another run holds the node lock $1: $(head -n 1 "$1" 2>/dev/null)" >&2; exit 1'
 )
 # End the holder this run started (and only that one).
