@@ -105,8 +105,9 @@ def driver(
       Canonical ships no signed precompiled modules for the kernel)
     + mok_enrolled: the DKMS signing key is enrolled in the node's MOK list, so a DKMS build
       may be used while Secure Boot is on
-    + reboot: reboot when the installed driver differs from the loaded module, wait for the
-      node, and check the loaded module again
+    + reboot: reboot when the installed driver differs from the loaded module (a preinstalled
+      driver: when its userspace library differs from the loaded module), wait until the node
+      answers with a new boot id, and check that the driver is loaded and matches
     + replace_preinstalled: with packages, install them even though the loaded driver's
       ``libnvidia-ml`` belongs to no package (a runfile or image driver); otherwise such a
       node fails naming the library

@@ -179,6 +179,19 @@ def test_a_failing_after_hook_halts_after_its_node(fleet: Fleet, tmp_path: Path,
     assert after["tn2"] == before["tn2"] and after["tn3"] == before["tn3"]
 
 
+def test_a_hook_past_its_timeout_is_killed_and_fails_its_node_untouched(
+    fleet: Fleet, tmp_path: Path, hook: Path
+) -> None:
+    fleet.reset(NODES)
+    before = {node: (main_pid(fleet, node), digest(fleet, node, "/etc/containerd")) for node in NODES}
+    path = inventory(fleet, tmp_path, hook, gpunode_rollout_before=["sleep", "60"], gpunode_hook_timeout=1.5)
+    result = deploy(path, "-y")
+    assert result.returncode != 0, result.stdout
+    assert "before-hook sleep timed out after 1.5 s (gpunode_hook_timeout) and was killed" in result.stdout
+    assert "halted: not touched after the failure on tn1" in summary_row(result.stdout, "tn2")
+    assert {node: (main_pid(fleet, node), digest(fleet, node, "/etc/containerd")) for node in NODES} == before
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
