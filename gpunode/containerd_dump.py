@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from typing import Any, TypedDict
 
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, FILLED_IN, RUNTIME, flatten
@@ -313,10 +314,11 @@ def parse_cri_loaded(journal: list[str], ctr: list[str]) -> CriLoaded:
 
 
 
-def expected_after_restart(summary: DumpSummary, previous: CriLoaded) -> CriLoaded:
+def expected_after_restart(summary: DumpSummary, previous: CriLoaded, dropped: Collection[str] = ()) -> CriLoaded:
     """What a daemon restarted on the current files must load: the dump's runtimes, default
-    runtime and registry path, plus every runtime the previous daemon had."""
-    runtimes = sorted({RUNTIME, *summary["runtimes"], *previous["runtimes"]})
+    runtime and registry path, plus every runtime the previous daemon had, less those whose
+    file the user removed (``dropped``, as the write's gate accepted it)."""
+    runtimes = sorted({RUNTIME, *summary["runtimes"], *(set(previous["runtimes"]) - set(dropped))})
     return _cri_loaded(
         True,
         runtimes=runtimes,

@@ -55,6 +55,8 @@ class Registration:
     current: dict[str, str] = field(default_factory=dict)  # path -> text on the node
     modes: dict[str, str] = field(default_factory=dict)  # path -> mode it is written with
     service: ContainerdServiceInfo | None = None
+    # Runtimes the written files no longer define because the file defining them was removed.
+    dropped_runtimes: list[str] = field(default_factory=list)
 
     @property
     def restart_pending(self) -> bool:
@@ -165,6 +167,7 @@ def registration(
                               "remove it again)")
         return found
     found.service = node["service"]
+    found.dropped_runtimes = sorted(set(summarize(before_dump)["runtimes"]) - set(after["summary"]["runtimes"]))
     return found
 
 
@@ -310,7 +313,7 @@ def _restore(backup: str, paths: list[str], failure: str) -> StringCommand:
     is_idempotent=False,
     idempotent_notice="Restarts containerd only when its config is newer than the daemon or the unit is down.",
 )
-def restarted_if_pending(timeout: int = 60, backup: str | None = None):
+def restarted_if_pending(timeout: int = 60, backup: str | None = None, dropped_runtimes: list[str] | None = None):
     """
     Restart containerd when a config file is newer than the running daemon or the unit is not
     active (failed, stopped), verify it, and put back what this run changed when the new
@@ -319,6 +322,8 @@ def restarted_if_pending(timeout: int = 60, backup: str | None = None):
     + timeout: seconds to wait for the unit to be active and the CRI plugin to report
     + backup: the tar ``config_backed_up`` saved before this run wrote the config; ``None``
       when this run wrote nothing (then a failed restart restores nothing and says so)
+    + dropped_runtimes: runtimes the previous daemon had that need not come back: their drop-in
+      was removed and the write left them out (``Registration.dropped_runtimes``)
 
     Verification: the unit is active and the CRI plugin of the new daemon loaded every runtime
     of the merged config (nvidia included) and every runtime the previous daemon had, with the
@@ -346,7 +351,7 @@ def restarted_if_pending(timeout: int = 60, backup: str | None = None):
     dump = host.get_fact(ContainerdConfigDump, config_path=files["main_path"])
     address = str((dump["dump"] if dump else {}).get("grpc", {}).get("address") or DEFAULT_ADDRESS)
     previous = host.get_fact(ContainerdCriLoaded, address=address)
-    expected = expected_after_restart(summarize(dump["dump"] if dump else {}), previous)
+    expected = expected_after_restart(summarize(dump["dump"] if dump else {}), previous, dropped_runtimes or ())
     restart = StringCommand(_RESTART_AND_WAIT.format(ticks=max(1, int(timeout)) * 5, address=shlex.quote(address)))
     if state.is_executing:
         logger.info("%srestarting containerd: %s", host.print_prefix, service["restart_reason"])

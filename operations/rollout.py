@@ -330,6 +330,7 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
                     name="containerd: restarted and verified",
                     timeout=settings["timeout"],
                     backup=backup if written.did_change() else None,
+                    dropped_runtimes=found.dropped_runtimes,
                 )
             except NestedOperationError as error:
                 stderr = state.ops[node][error.args[0]].operation_meta.stderr.strip()

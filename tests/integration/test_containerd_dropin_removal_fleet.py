@@ -1,0 +1,100 @@
+"""A drop-in deleted on a real containerd 1.7 host: the next run drops what it brought, restarts and verifies."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
+from pyinfra_gpunode.containerd_dump import parse_cri_start_log
+from tests.fleet.fleet import Fleet, HostSpec
+from tests.fleet.plugin import FleetFactory, Verify
+from tests.realbin.scenarios import CONFD, registry, toolkit_dropin
+
+REPO = Path(__file__).resolve().parents[2]
+NODE = "dropin1"  # Debian trixie: containerd 1.7.24
+TOOLKIT = f"{CONFD}/99-nvidia.toml"
+SITE = f"{CONFD}/10-registry.toml"
+pytestmark = pytest.mark.fleet
+
+
+def deploy(fleet: Fleet) -> subprocess.CompletedProcess[str]:
+    """The pyinfra CLI on ``NODE`` only; stdout carries its log (stderr merged)."""
+    pyinfra = Path(sys.executable).with_name("pyinfra")
+    return subprocess.run(
+        [str(pyinfra), "-y", "--limit", NODE, str(fleet.inventory_path), "deploys/containerd_runtime.py"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def fleet(fleet_factory: FleetFactory) -> Fleet:
+    """A fleet of its own: the test purges and resets its host."""
+    return fleet_factory([HostSpec(NODE, "trixie")], "dropin")
+
+
+def sh(fleet: Fleet, command: str) -> str:
+    result = fleet.run(NODE, command)
+    assert result.returncode == 0, f"{command}: {result.stderr}"
+    return result.stdout
+
+
+def main_pid(fleet: Fleet) -> str:
+    return sh(fleet, "systemctl show -p MainPID --value containerd").strip()
+
+
+def loaded_runtimes(fleet: Fleet) -> list[str]:
+    """The runtimes the running daemon's CRI plugin started with (its start line in the journal)."""
+    journal = sh(
+        fleet,
+        'journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$(systemctl show -p InvocationID --value containerd)"',
+    )
+    loaded = parse_cri_start_log(journal.splitlines())
+    assert loaded["loaded"], journal
+    return sorted(loaded["runtimes"])
+
+
+def dump(fleet: Fleet) -> dict:
+    python = "import json, sys, tomllib; print(json.dumps(tomllib.loads(sys.stdin.read())))"
+    return json.loads(sh(fleet, f"containerd config dump | python3 -c {shlex.quote(python)}"))
+
+
+def test_deleted_toolkit_dropin_is_dropped_restarted_and_verified(fleet: Fleet, verify: Verify) -> None:
+    fleet.reset([NODE])
+    site = registry() + '\n[plugins."io.containerd.grpc.v1.cri".cni]\n  conf_dir = "/etc/cni/site.d"\n'
+    for path, text in ((SITE, site), (TOOLKIT, toolkit_dropin())):
+        sh(fleet, f"mkdir -p {CONFD} && printf %s {shlex.quote(text)} > {path}")
+
+    first = deploy(fleet)
+    assert first.returncode == 0, first.stdout
+    assert loaded_runtimes(fleet) == ["nvidia", "nvidia-cdi", "nvidia-legacy", "runc"]
+    assert f'"file": "{TOOLKIT}"' in sh(fleet, f"cat {OUR_DROPIN}")
+    pid = main_pid(fleet)
+
+    sh(fleet, f"rm {TOOLKIT}")  # as the toolkit does when it exits
+    second = deploy(fleet)
+    assert second.returncode == 0, second.stdout
+    assert "would be lost" not in second.stdout
+    assert "containerd.runtimes.nvidia-cdi.runtime_type" in second.stdout
+    assert f"carried from {TOOLKIT}, which was removed" in second.stdout
+    assert main_pid(fleet) != pid  # restarted
+    assert loaded_runtimes(fleet) == ["nvidia", "runc"]  # what the new daemon's CRI plugin loaded
+    cri = dump(fleet)["plugins"]["io.containerd.grpc.v1.cri"]
+    assert sorted(cri["containerd"]["runtimes"]) == ["nvidia", "runc"]
+    assert cri["containerd"]["runtimes"]["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
+    assert cri["containerd"]["default_runtime_name"] == "runc"
+    assert cri["registry"]["config_path"] == "/etc/containerd/certs.d"
+    assert (cri["cni"]["bin_dir"], cri["cni"]["conf_dir"]) == ("/usr/lib/cni", "/etc/cni/site.d")
+    assert TOOLKIT not in sh(fleet, f"cat {OUR_DROPIN}")
+    result = verify(fleet, checks="containerd", hosts=[NODE])
+    assert result.returncode == 0, result.stdout
+
+    pid = main_pid(fleet)
+    third = deploy(fleet)
+    assert third.returncode == 0, third.stdout
+    assert main_pid(fleet) == pid and "carried from" not in third.stdout
