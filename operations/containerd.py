@@ -207,7 +207,9 @@ def nvidia_runtime(
     Before anything is written the whole candidate tree is staged in a temporary directory on
     the node and judged by the node's own ``containerd config dump``: nvidia present, every
     runtime present before still present, the default runtime defined, a value a user's file
-    sets kept, every other CRI key unchanged and no new warning. Otherwise the host fails with
+    sets kept, every other CRI key unchanged and no new warning. On 1.6/1.7 our file records
+    which file each key it carries came from; a key whose file was removed (or no longer sets
+    it) is dropped as the user's intent and the plan says so. Otherwise the host fails with
     what would have been lost (credential values redacted) and nothing changes. Take a backup
     first with ``config_backed_up`` (the rollout does, at each node's turn). containerd is not
     restarted: a restart is pending until it is (see ``ContainerdService``).
