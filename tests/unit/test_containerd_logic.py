@@ -7,7 +7,14 @@ import tomllib
 import pytest
 
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, PROVENANCE, Options, carried_from, edit_imports, plan
-from pyinfra_gpunode.containerd_dump import candidate_losses, redacted, shown
+from pyinfra_gpunode.containerd_dump import (
+    candidate_losses,
+    expected_after_restart,
+    parse_cri_start_log,
+    redacted,
+    shown,
+    summarize,
+)
 from pyinfra_gpunode.containerd_files import links_in_the_way, load_order, resolve_tree, strictest_mode
 from pyinfra_gpunode.versions import parse_containerd_version
 
@@ -278,3 +285,11 @@ def test_gate_counts_dropped_keys_as_intent_and_nothing_else() -> None:
                            ("sandbox_mode", "podsandbox"))
     ]
     assert "runtime nvidia-cdi would be lost" in candidate_losses(before, after, [], [], {}, binary, {})
+
+
+def test_restart_expects_the_previous_runtimes_less_the_dropped_ones() -> None:
+    summary = summarize(_dump({"runc": "", "nvidia": "/usr/bin/nvidia-container-runtime"}))
+    previous = parse_cri_start_log([])
+    previous["runtimes"] = ["nvidia", "nvidia-cdi", "kata", "runc"]
+    assert expected_after_restart(summary, previous)["runtimes"] == ["kata", "nvidia", "nvidia-cdi", "runc"]
+    assert expected_after_restart(summary, previous, ["nvidia-cdi"])["runtimes"] == ["kata", "nvidia", "runc"]
