@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -83,7 +83,7 @@ def node_settings(nodes: Mapping[str, Mapping[str, Any]], name: str) -> NodeSett
     }
 
 
-def turn_changes(driver: Sequence[str], writes: Sequence[str], restart_reason: str | None) -> list[str]:
+def turn_changes(driver: Sequence[str], writes: Collection[str], restart_reason: str | None) -> list[str]:
     """What a node's turn is planned to change, one line each (the hooks get them in ``GPUNODE_CHANGES``)."""
     changes = list(driver)
     if writes:

@@ -166,6 +166,7 @@ def registration(
                               "removed drop-in cannot be told from a loss: put the drop-in back, run once, then "
                               "remove it again)")
         return found
+    assert after["summary"] is not None  # a dump without an error has its summary
     found.service = node["service"]
     found.dropped_runtimes = sorted(set(summarize(before_dump)["runtimes"]) - set(after["summary"]["runtimes"]))
     return found

@@ -11,7 +11,7 @@ import uuid
 import weakref
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pyinfra import host, state
 from pyinfra.api import QuoteString, StringCommand, operation
@@ -83,7 +83,7 @@ def node_locked():
     if not state.is_executing:
         host.noop("the node lock is taken when the run executes")
         return
-    run = state._get_module()  # the State behind the context proxy
+    run = state._get_module()  # type: ignore[attr-defined]  # the State behind the context proxy
     locked = _LOCKED.setdefault(run, set())
     if host.name in locked:
         host.noop("this run holds the node lock")
@@ -108,7 +108,7 @@ def node_unlocked():
 
         rollout.node_unlocked(name="node: lock released")
     """
-    run = state._get_module()  # the State behind the context proxy
+    run = state._get_module()  # type: ignore[attr-defined]  # the State behind the context proxy
     if not state.is_executing or host.name not in _LOCKED.get(run, set()):
         host.noop("this run holds no node lock")
         return
@@ -351,7 +351,9 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
     return f"done: {', '.join(did)}" if did else "unchanged"
 
 
-def _hook(node: Host, which: str, settings: NodeSettings, hostname: str, changes: list[str]) -> str | None:
+def _hook(
+    node: Host, which: Literal["before", "after"], settings: NodeSettings, hostname: str, changes: list[str]
+) -> str | None:
     """Run the node's ``which`` hook on the controller (no shell); ``None`` when it exited 0, else why not."""
     argv = hook_argv(settings[which], node.name, hostname)
     env = hook_environment(os.environ, which, node.name, hostname, changes)
