@@ -4,15 +4,101 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any
+from typing import TypedDict, cast
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
-from pyinfra.facts.server import LinuxDistribution
+from pyinfra.facts.server import LinuxDistribution, LinuxDistributionDict
 from typing_extensions import override
 
 from pyinfra_gpunode.driver_versions import parse_proc_version, version_from_library
-from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_sections
+from pyinfra_gpunode.sections import PackageStatus, dpkg_query, marker, parse_dpkg_status, split_sections
+
+
+class DriverInfo(TypedDict):
+    """``NvidiaDriver``'s value (also ``NvidiaHostState``'s ``driver``)."""
+
+    loaded: bool
+    kernel_module_version: str | None
+    module_flavor: str | None
+    userspace_version: str | None
+    mismatch: bool
+    nvidia_smi_ok: bool
+    library: str | None
+    library_package: str | None
+
+
+# One NVIDIA PCI device ("class" is a keyword, hence the functional form).
+PciDevice = TypedDict("PciDevice", {"address": str, "class": str, "device": str})
+
+
+class PciInfo(TypedDict):
+    """``NvidiaGpus``'s value (also ``NvidiaHostState``'s ``pci``)."""
+
+    gpus: list[PciDevice]
+    nvswitches: list[PciDevice]
+    nvswitch: bool
+
+
+class FabricManagerInfo(TypedDict):
+    """``NvidiaFabricManager``'s value (also ``NvidiaHostState``'s ``fabric_manager``)."""
+
+    packages: dict[str, str]
+    held: list[str]
+    version: str | None
+    active: str | None
+    enabled: str | None
+
+
+class NodeKindInfo(TypedDict):
+    """``NodeKind``'s value."""
+
+    distribution: LinuxDistributionDict
+    gpus: PciInfo
+
+
+class NvmlDevice(TypedDict):
+    index: int
+    name: str
+    uuid: str
+    memory_total: int
+
+
+class NvmlInfoDict(TypedDict):
+    """``NvmlInfo``'s value (None without pynvml on the node)."""
+
+    driver_version: str | None
+    nvml_version: str | None
+    cuda_driver_version: str | None
+    devices: list[NvmlDevice]
+    error: str | None
+
+
+class NvidiaHostStateInfo(TypedDict):
+    """``NvidiaHostState``'s value."""
+
+    distro: str | None
+    release: str | None
+    arch: str | None
+    kernel: str | None
+    secure_boot: bool | None
+    pci: PciInfo
+    driver: DriverInfo
+    fabric_manager: FabricManagerInfo
+    packages: dict[str, PackageStatus]
+    module_built: bool
+
+
+class ToolkitInfo(TypedDict):
+    """``NvidiaContainerToolkit``'s value."""
+
+    ctk_version: str | None
+    ctk_path: str | None
+    packages: dict[str, str]
+    held: list[str]
+    runtime_binary: str | None
+    keyring_fingerprints: list[str]
+    repo_list: str | None
 
 # ---- shell parts, shared by the facts below and the combined NvidiaHostState --------------
 
@@ -71,7 +157,7 @@ DRIVER_PACKAGE_PATTERNS = (
 )
 
 
-def parse_driver(sections: dict[str, list[str]]) -> dict[str, Any]:
+def parse_driver(sections: dict[str, list[str]]) -> DriverInfo:
     module = next((line.strip() for line in sections.get("module", []) if line.strip()), None)
     proc = parse_proc_version("\n".join(sections.get("proc", [])))
     paths = [line.strip() for line in sections.get("library", []) if line.strip()]
@@ -91,14 +177,15 @@ def parse_driver(sections: dict[str, list[str]]) -> dict[str, Any]:
     }
 
 
-def parse_pci(sections: dict[str, list[str]]) -> dict[str, Any]:
-    gpus, switches = [], []
+def parse_pci(sections: dict[str, list[str]]) -> PciInfo:
+    gpus: list[PciDevice] = []
+    switches: list[PciDevice] = []
     for line in sections.get("pci", []):
         parts = line.split()
         if len(parts) != 3:
             continue
         address, pci_class, device = parts
-        entry = {"address": address, "class": pci_class, "device": device}
+        entry: PciDevice = {"address": address, "class": pci_class, "device": device}
         if pci_class.startswith(("0x0300", "0x0302")):
             gpus.append(entry)
         elif pci_class.startswith("0x0680"):
@@ -107,7 +194,7 @@ def parse_pci(sections: dict[str, list[str]]) -> dict[str, Any]:
     return {"gpus": gpus, "nvswitches": switches, "nvswitch": bool(switches or nvswitch_devices)}
 
 
-def parse_fabric_manager(sections: dict[str, list[str]]) -> dict[str, Any]:
+def parse_fabric_manager(sections: dict[str, list[str]]) -> FabricManagerInfo:
     packages = parse_dpkg_status(sections.get("fm_packages", []))
     unit = dict(line.partition("=")[::2] for line in sections.get("fm_unit", []) if "=" in line)
     versions = [info["version"] for name, info in packages.items() if name.startswith("nvidia-fabricmanager")]
@@ -120,11 +207,11 @@ def parse_fabric_manager(sections: dict[str, list[str]]) -> dict[str, Any]:
     }
 
 
-def _no_driver() -> dict[str, Any]:
+def _no_driver() -> DriverInfo:
     return parse_driver({})
 
 
-class NvidiaDriver(FactBase[dict[str, Any]]):
+class NvidiaDriver(FactBase[DriverInfo]):
     """
     Returns the NVIDIA driver state without NVML: the loaded kernel module's version
     (``/sys/module/nvidia/version``, else ``/proc/driver/nvidia/version``, either layout), its
@@ -151,15 +238,15 @@ class NvidiaDriver(FactBase[dict[str, Any]]):
         return DRIVER_SCRIPT
 
     @staticmethod
-    def default() -> dict[str, Any]:
+    def default() -> DriverInfo:
         return _no_driver()
 
     @override
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> DriverInfo:
         return parse_driver(split_sections(output))
 
 
-class NvidiaGpus(FactBase[dict[str, Any]]):
+class NvidiaGpus(FactBase[PciInfo]):
     """
     Returns the NVIDIA PCI devices (vendor ``0x10de``; no driver needed): GPUs (class
     ``0x0300``/``0x0302``), NVSwitch bridges (class ``0x0680``), and whether this is an
@@ -179,18 +266,18 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
         return PCI_SCRIPT
 
     @staticmethod
-    def default() -> dict[str, Any]:
+    def default() -> PciInfo:
         return parse_pci({})
 
     @override
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> PciInfo:
         return parse_pci(split_sections(output))
 
 
 KIND_PART = "@@gpunode-kind:"
 
 
-class NodeKind(FactBase[dict[str, Any]]):
+class NodeKind(FactBase[NodeKindInfo]):
     """
     Returns in one command what decides which steps a node gets: pyinfra's ``LinuxDistribution``
     and ``NvidiaGpus``, each as that fact returns it.
@@ -210,7 +297,7 @@ class NodeKind(FactBase[dict[str, Any]]):
         return f"echo '{KIND_PART}distribution'; ({distribution}); echo '{KIND_PART}gpus'; {PCI_SCRIPT}"
 
     @override
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> NodeKindInfo:
         parts: dict[str, list[str]] = {"distribution": [], "gpus": []}
         current: list[str] = []
         for line in output:
@@ -264,7 +351,7 @@ print(json.dumps(out))
 """
 
 
-class NvmlInfo(FactBase[Any]):
+class NvmlInfo(FactBase[NvmlInfoDict | None]):
     """
     Returns what NVML reports through pynvml (``nvidia-ml-py``) when ``python3`` on the node
     can import it: driver, NVML and CUDA driver versions and the devices, or the NVML error
@@ -291,7 +378,7 @@ class NvmlInfo(FactBase[Any]):
         return None
 
     @override
-    def process(self, output: list[str]) -> dict[str, Any] | None:
+    def process(self, output: list[str]) -> NvmlInfoDict | None:
         text = "\n".join(output).strip()
         if not text:
             return None
@@ -299,10 +386,10 @@ class NvmlInfo(FactBase[Any]):
             value = json.loads(text.splitlines()[-1])
         except json.JSONDecodeError as exc:
             raise FactProcessError(f"NVML query printed no JSON: {exc}") from exc
-        return value if isinstance(value, dict) else None
+        return cast(NvmlInfoDict, value) if isinstance(value, dict) else None
 
 
-class NvidiaFabricManager(FactBase[dict[str, Any]]):
+class NvidiaFabricManager(FactBase[FabricManagerInfo]):
     """
     Returns the Fabric Manager packages installed (``nvidia-fabricmanager*``, ``libnvidia-nscq*``)
     with their versions and holds, and the state of ``nvidia-fabricmanager.service``.
@@ -323,15 +410,15 @@ class NvidiaFabricManager(FactBase[dict[str, Any]]):
         return FABRIC_MANAGER_SCRIPT
 
     @staticmethod
-    def default() -> dict[str, Any]:
+    def default() -> FabricManagerInfo:
         return parse_fabric_manager({})
 
     @override
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> FabricManagerInfo:
         return parse_fabric_manager(split_sections(output))
 
 
-class NvidiaHostState(FactBase[dict[str, Any]]):
+class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
     """
     Returns everything the driver and Fabric Manager operations decide on, in one read:
     distribution (``os-release`` ID and VERSION_ID), architecture, running kernel, Secure
@@ -379,7 +466,7 @@ class NvidiaHostState(FactBase[dict[str, Any]]):
         )
 
     @override
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> NvidiaHostStateInfo:
         from pyinfra_gpunode.facts.kernel import parse_secure_boot
 
         sections = split_sections(output)
@@ -456,7 +543,7 @@ def primary_fingerprints(path: str) -> str:
     )
 
 
-class NvidiaContainerToolkit(FactBase[dict[str, Any]]):
+class NvidiaContainerToolkit(FactBase[ToolkitInfo]):
     """
     Returns the NVIDIA Container Toolkit state: ``nvidia-ctk --version`` and where
     ``nvidia-ctk`` is, its four packages with versions and holds, where
@@ -496,11 +583,11 @@ class NvidiaContainerToolkit(FactBase[dict[str, Any]]):
         )
 
     @staticmethod
-    def default() -> dict[str, Any]:
+    def default() -> ToolkitInfo:
         return NvidiaContainerToolkit().process([])
 
     @override
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> ToolkitInfo:
         sections = split_sections(output)
         ctk = [line.split()[-1] for line in sections.get("ctk", []) if "version" in line and line.split()]
         packages = parse_dpkg_status(sections.get("packages", []))

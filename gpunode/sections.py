@@ -6,6 +6,7 @@ A command prints ``@@name`` before each part; lines before the first marker are 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypedDict
 
 MARK = "@@"
 
@@ -27,12 +28,17 @@ def split_sections(lines: Iterable[str]) -> dict[str, list[str]]:
     return sections
 
 
-def parse_dpkg_status(lines: Iterable[str]) -> dict[str, dict[str, object]]:
+class PackageStatus(TypedDict):
+    version: str
+    held: bool
+
+
+def parse_dpkg_status(lines: Iterable[str]) -> dict[str, PackageStatus]:
     """Parse ``dpkg-query -W -f='${db:Status-Abbrev}\\t${Package}\\t${Version}\\n'``.
 
     Returns installed packages only: ``{name: {"version": str, "held": bool}}``.
     """
-    packages: dict[str, dict[str, object]] = {}
+    packages: dict[str, PackageStatus] = {}
     for line in lines:
         parts = line.split("\t")
         if len(parts) < 3:

@@ -30,10 +30,13 @@ from pyinfra_gpunode.facts.nvidia import (
     TOOLKIT_KEYRING,
     TOOLKIT_LIST,
     TOOLKIT_PACKAGES,
+    DriverInfo,
     NvidiaAptVersions,
     NvidiaContainerToolkit,
     NvidiaDriver,
     NvidiaHostState,
+    NvidiaHostStateInfo,
+    ToolkitInfo,
     primary_fingerprints,
 )
 from pyinfra_gpunode.log import logger
@@ -68,7 +71,7 @@ def _hold(names: list[str]) -> StringCommand:
     return StringCommand("apt-mark", "hold", *[QuoteString(name) for name in sorted(names)])
 
 
-def _host_info(facts: dict[str, Any]) -> HostInfo:
+def _host_info(facts: NvidiaHostStateInfo) -> HostInfo:
     return HostInfo(
         distro=facts["distro"] or "",
         release=facts["release"] or "",
@@ -217,7 +220,7 @@ def driver_changes(
 
 
 def _planned(
-    facts: dict[str, Any], source: str, request: DriverRequest, replace_preinstalled: bool
+    facts: NvidiaHostStateInfo, source: str, request: DriverRequest, replace_preinstalled: bool
 ) -> tuple[str, str, DriverPlan | None]:
     """``(error, description, plan)``: why the host fails, or the preinstalled driver it keeps
     (``plan`` None), or the package plan."""
@@ -244,7 +247,7 @@ def _to_install(plan: DriverPlan, installed: dict[str, str]) -> dict[str, str]:
     return {n: v for n, v in plan.packages.items() if n not in installed or (v and installed[n] != v)}
 
 
-def _preinstalled(description: str, loaded: dict[str, Any], reboot: bool) -> Generator[Any, Any, None]:
+def _preinstalled(description: str, loaded: DriverInfo, reboot: bool) -> Generator[Any, Any, None]:
     """Accept the node's own driver: nothing to run (the plan says so), or with ``reboot`` the
     reboot a userspace newer than the loaded module waits for, and the check after it."""
     if loaded["mismatch"] and reboot:
@@ -297,7 +300,7 @@ def _rebooted(timeout: float = 600) -> Generator[Any, Any, None]:
     yield FunctionCommand(back, (), {})
 
 
-def _check_loaded(version: str) -> Generator[Any, Any, None]:
+def _check_loaded(version: str | None) -> Generator[Any, Any, None]:
     """After a reboot: fail the host unless driver ``version`` is loaded and matches its userspace."""
     if not state.is_executing:
         return
@@ -442,7 +445,7 @@ def container_toolkit(
     yield _hold(list(TOOLKIT_PACKAGES))
 
 
-def _toolkit_checked(toolkit: dict[str, Any], version: str | None) -> Generator[Any, Any, None]:
+def _toolkit_checked(toolkit: ToolkitInfo, version: str | None) -> Generator[Any, Any, None]:
     """``installed``: the toolkit's packages, or its two binaries on PATH without them, at ``version``."""
     packages = toolkit["packages"]
     if all(name in packages for name in TOOLKIT_PACKAGES):
