@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from typing import TypedDict
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
+from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesInfo, UnattendedUpgradesState
 from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_sections
 
 SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
@@ -48,7 +48,18 @@ def _boot_kernel(lines: list[str]) -> str | None:
     return None
 
 
-class KernelState(FactBase[dict[str, Any]]):
+class KernelInfo(TypedDict):
+    """``KernelState``'s value."""
+
+    running: str | None
+    packages: dict[str, str]
+    held: list[str]
+    boot_kernel: str | None
+    secure_boot: bool | None
+    nouveau_loaded: bool
+
+
+class KernelState(FactBase[KernelInfo]):
     """
     Returns the kernel state in one read: running release, installed ``linux-*`` packages,
     which of them are held (dpkg's selection state, which ``apt-mark hold`` sets), the kernel
@@ -84,7 +95,7 @@ class KernelState(FactBase[dict[str, Any]]):
         )
 
     @staticmethod
-    def default() -> dict[str, Any]:
+    def default() -> KernelInfo:
         return {
             "running": None,
             "packages": {},
@@ -95,7 +106,7 @@ class KernelState(FactBase[dict[str, Any]]):
         }
 
     @override
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> KernelInfo:
         sections = split_sections(output)
         running = [line.strip() for line in sections.get("running", []) if line.strip()]
         packages = parse_dpkg_status(sections.get("packages", []))
@@ -109,7 +120,7 @@ class KernelState(FactBase[dict[str, Any]]):
         }
 
 
-class KernelSecureBoot(FactBase[Any]):
+class KernelSecureBoot(FactBase[bool | None]):
     """
     Returns whether Secure Boot is on: ``True``/``False``; ``False`` on a BIOS boot; None
     when neither the EFI variable nor ``mokutil`` can tell.
@@ -140,7 +151,15 @@ def initramfs_stamp(path: str) -> str:
     return f"{INITRAMFS_STAMPS}/{path.rsplit('/', 1)[-1]}"
 
 
-class NouveauBlacklist(FactBase[dict[str, Any]]):
+class NouveauBlacklistInfo(TypedDict):
+    """``NouveauBlacklist``'s value."""
+
+    content: str | None
+    initramfs: str | None
+    loaded: bool
+
+
+class NouveauBlacklist(FactBase[NouveauBlacklistInfo]):
     """
     Returns the content of a modprobe.d file meant to blacklist nouveau (None when absent),
     the blacklist text the initramfs was last regenerated with (None when it never was, or the
@@ -168,11 +187,11 @@ class NouveauBlacklist(FactBase[dict[str, Any]]):
         )
 
     @staticmethod
-    def default() -> dict[str, Any]:
+    def default() -> NouveauBlacklistInfo:
         return {"content": None, "initramfs": None, "loaded": False}
 
     @override
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> NouveauBlacklistInfo:
         sections = split_sections(output)
 
         def text(name: str) -> str | None:
@@ -188,7 +207,15 @@ class NouveauBlacklist(FactBase[dict[str, Any]]):
 PREP_PART = "@@gpunode-prep:"
 
 
-class HostPrepState(FactBase[dict[str, Any]]):
+class HostPrepInfo(TypedDict):
+    """``HostPrepState``'s value."""
+
+    kernel: KernelInfo
+    unattended: UnattendedUpgradesInfo
+    nouveau: NouveauBlacklistInfo
+
+
+class HostPrepState(FactBase[HostPrepInfo]):
     """
     Returns in one command what the host-preparation steps read: ``KernelState``,
     ``UnattendedUpgradesState`` (this library's default drop-in paths) and ``NouveauBlacklist``
@@ -215,7 +242,7 @@ class HostPrepState(FactBase[dict[str, Any]]):
         return "; ".join(f"echo '{PREP_PART}{name}'; {script}" for name, script in parts.items())
 
     @override
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> HostPrepInfo:
         parts: dict[str, list[str]] = {"kernel": [], "unattended": [], "nouveau": []}
         current: list[str] = []
         for line in output:

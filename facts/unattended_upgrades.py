@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from typing import TypedDict
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from pyinfra_gpunode.needrestart import parse_needrestart_conf
+from pyinfra_gpunode.needrestart import NeedrestartInfo, parse_needrestart_conf
 from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_sections
 from pyinfra_gpunode.unattended import SERVICE, TIMERS, parse_apt_config_dump, unattended_enabled
 
@@ -16,7 +16,21 @@ APT_CONF = "/etc/apt/apt.conf.d/99gpunode-unattended-upgrades"
 NEEDRESTART_CONF = "/etc/needrestart/conf.d/90-gpunode.conf"
 
 
-class UnattendedUpgradesState(FactBase[dict[str, Any]]):
+class UnattendedUpgradesInfo(TypedDict):
+    """``UnattendedUpgradesState``'s value."""
+
+    unattended_upgrades_installed: bool
+    needrestart_installed: bool
+    periodic: dict[str, str]
+    unattended_enabled: bool
+    blacklist: list[str]
+    units: dict[str, str]
+    needrestart: NeedrestartInfo
+    apt_conf: str | None
+    needrestart_conf: str | None
+
+
+class UnattendedUpgradesState(FactBase[UnattendedUpgradesInfo]):
     """
     Returns unattended-upgrades and needrestart state in one read: which are installed,
     ``APT::Periodic`` settings and the package blacklist as ``apt-config dump`` resolves them,
@@ -65,7 +79,7 @@ class UnattendedUpgradesState(FactBase[dict[str, Any]]):
         )
 
     @override
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> UnattendedUpgradesInfo:
         sections = split_sections(output)
         packages = parse_dpkg_status(sections.get("packages", []))
         periodic, blacklist = parse_apt_config_dump(sections.get("dump", []))

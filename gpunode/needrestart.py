@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import TypedDict
 
 DEFAULT_KEEP = ("containerd", "kubelet")
 _UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@_.-]*\Z")
@@ -34,7 +35,12 @@ def render_needrestart_conf(keep: Sequence[str] = DEFAULT_KEEP) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_needrestart_conf(lines: Iterable[str], services: Sequence[str] = DEFAULT_KEEP) -> dict[str, object]:
+class NeedrestartInfo(TypedDict):
+    mode: str | None  # the effective $nrconf{restart}, None when unset
+    excluded: list[str]  # the services it never restarts
+
+
+def parse_needrestart_conf(lines: Iterable[str], services: Sequence[str] = DEFAULT_KEEP) -> NeedrestartInfo:
     """Effective restart mode (last assignment wins) and which ``services`` are never restarted.
 
     ``lines`` are needrestart.conf followed by conf.d/*.conf in the order needrestart reads them.
