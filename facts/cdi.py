@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 from pyinfra.api import FactBase
@@ -62,7 +62,21 @@ def _load(path: str, text: str) -> tuple[dict[str, Any], str | None]:
     return document, None
 
 
-def parse_spec(path: str, mtime: int | None, text: str) -> dict[str, Any]:
+class CdiSpec(TypedDict):
+    """One CDI spec as ``CdiSpecs`` returns it."""
+
+    path: str
+    cdi_version: str | None
+    kind: str | None
+    devices: list[str]
+    driver_version: str | None
+    driver_versions: list[str]
+    device_plugin: bool
+    mtime: int | None
+    error: str | None
+
+
+def parse_spec(path: str, mtime: int | None, text: str) -> CdiSpec:
     """Summarise one CDI spec (YAML or JSON): its kind, device names in file order, the driver it was made for."""
     document, error = _load(path, text)
     versions = _driver_versions(document)
@@ -79,13 +93,13 @@ def parse_spec(path: str, mtime: int | None, text: str) -> dict[str, Any]:
     }
 
 
-def missing_devices(spec: dict[str, Any], gpu_count: int) -> list[str]:
+def missing_devices(spec: CdiSpec, gpu_count: int) -> list[str]:
     """Device names a spec must list for a node with ``gpu_count`` GPUs (each index and ``all``) but does not."""
     wanted = [str(index) for index in range(gpu_count)] + ["all"]
     return [name for name in wanted if name not in spec["devices"]]
 
 
-class CdiSpecs(FactBase[list[dict[str, Any]]]):
+class CdiSpecs(FactBase[list[CdiSpec]]):
     """
     Returns every CDI spec in ``/etc/cdi`` and ``/var/run/cdi`` (``.yaml`` and ``.json``), parsed
     as YAML (JSON is YAML) on the controller: path, ``cdiVersion``, kind, device names in file
@@ -120,12 +134,12 @@ class CdiSpecs(FactBase[list[dict[str, Any]]]):
         )
 
     @staticmethod
-    def default() -> list[dict[str, Any]]:
+    def default() -> list[CdiSpec]:
         return []
 
     @override
-    def process(self, output: list[str]) -> list[dict[str, Any]]:
-        specs: list[dict[str, Any]] = []
+    def process(self, output: list[str]) -> list[CdiSpec]:
+        specs: list[CdiSpec] = []
         current: tuple[str, int | None] | None = None
         body: list[str] = []
         for line in [*output, MARKER]:

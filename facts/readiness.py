@@ -4,14 +4,22 @@ Operator's validation markers and the device plugin socket, and everything else 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TypedDict
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from pyinfra_gpunode.facts.cdi import CdiSpecs
-from pyinfra_gpunode.facts.containerd import ContainerdCriLoaded, ContainerdNodeState
-from pyinfra_gpunode.facts.nvidia import NvidiaContainerToolkit, NvidiaHostState, NvmlInfo
+from pyinfra_gpunode.containerd_dump import CriLoaded
+from pyinfra_gpunode.facts.cdi import CdiSpec, CdiSpecs
+from pyinfra_gpunode.facts.containerd import ContainerdCriLoaded, ContainerdNodeState, ContainerdNodeStateInfo
+from pyinfra_gpunode.facts.nvidia import (
+    NvidiaContainerToolkit,
+    NvidiaHostState,
+    NvidiaHostStateInfo,
+    NvmlInfo,
+    NvmlInfoDict,
+    ToolkitInfo,
+)
 from pyinfra_gpunode.readiness import DEVICE_PLUGIN_DIR, VALIDATIONS_DIR
 
 PART = "@@gpunode-readiness:"
@@ -42,7 +50,38 @@ DEVICE_PLUGIN_SCRIPT = (
 _SIGNAL = re.compile(r"Sent signal (SIG[A-Z0-9+]+) to main process|code=(?:killed|dumped), status=\d+/(\w+)")
 
 
-def parse_xid(lines: list[str]) -> dict[str, Any]:
+class XidInfo(TypedDict):
+    source: str | None  # "journal", "dmesg", or None when neither is readable
+    count: int
+    lines: list[str]  # the last 10
+
+
+class ContainerdSignal(TypedDict):
+    time: str
+    signal: str
+
+
+class ContainerdJournal(TypedDict):
+    signals: list[ContainerdSignal]
+    restarts: list[str]
+
+
+class NodeReadinessInfo(TypedDict):
+    """``NodeReadiness``'s value."""
+
+    host: NvidiaHostStateInfo
+    nvml: NvmlInfoDict | None
+    toolkit: ToolkitInfo
+    cdi: list[CdiSpec]
+    containerd: ContainerdNodeStateInfo
+    cri: CriLoaded | None
+    xid: XidInfo
+    containerd_journal: ContainerdJournal | None
+    validations: list[str] | None
+    device_plugin: list[str] | None
+
+
+def parse_xid(lines: list[str]) -> XidInfo:
     source = next((line.partition("=")[2] for line in lines if line.startswith("source=")), None)
     count = next((int(line.partition("=")[2]) for line in lines if line.startswith("count=")), 0)
     return {
@@ -52,11 +91,12 @@ def parse_xid(lines: list[str]) -> dict[str, Any]:
     }
 
 
-def parse_containerd_journal(lines: list[str]) -> dict[str, Any] | None:
+def parse_containerd_journal(lines: list[str]) -> ContainerdJournal | None:
     """Signals sent to containerd's main process and systemd's automatic restarts, oldest first."""
     if "journal" not in lines:
         return None
-    signals, restarts = [], []
+    signals: list[ContainerdSignal] = []
+    restarts: list[str] = []
     for line in lines:
         moment = line.split(" ", 1)[0]
         match = _SIGNAL.search(line)
@@ -75,7 +115,7 @@ def parse_listing(lines: list[str]) -> list[str] | None:
     return sorted(line.strip() for line in lines if line.strip() and line != "dir")
 
 
-class NodeReadiness(FactBase[dict[str, Any]]):
+class NodeReadiness(FactBase[NodeReadinessInfo]):
     """
     Returns in one command everything the readiness chain reads: ``NvidiaHostState`` (PCI,
     driver, Fabric Manager), ``NvmlInfo``, ``NvidiaContainerToolkit``, ``CdiSpecs``,
@@ -123,7 +163,7 @@ class NodeReadiness(FactBase[dict[str, Any]]):
         return "; ".join(f"echo '{PART}{name}'; {script}" for name, script in parts.items()) + "; true"
 
     @override
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> NodeReadinessInfo:
         parts: dict[str, list[str]] = {}
         current: list[str] = []
         for line in output:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, RUNTIME
 from pyinfra_gpunode.driver_versions import same_driver, upstream_version
+
+if TYPE_CHECKING:
+    from pyinfra_gpunode.facts.readiness import NodeReadinessInfo
 
 OK, BROKEN, NOT_APPLICABLE, UNKNOWN = "ok", "broken", "n/a", "unknown"
 VALIDATIONS_DIR = "/run/nvidia/validations"
@@ -74,7 +77,7 @@ def _link(id: str, title: str) -> Callable[..., Link]:
 # ---- GPU side ---------------------------------------------------------------------------------
 
 
-def _pci(facts: dict[str, Any]) -> Link:
+def _pci(facts: NodeReadinessInfo) -> Link:
     make = _link("pci", "NVIDIA GPU on the PCI bus")
     pci = facts["host"]["pci"]
     gpus = pci["gpus"]
@@ -85,7 +88,7 @@ def _pci(facts: dict[str, Any]) -> Link:
     return make(OK, f"{len(gpus)} GPU: {listed}{switches}")
 
 
-def _module(facts: dict[str, Any]) -> Link:
+def _module(facts: NodeReadinessInfo) -> Link:
     make = _link("module", "kernel module loaded")
     host = facts["host"]
     driver = host["driver"]
@@ -141,7 +144,7 @@ def _reboot_pending(module: str, library: str | None, detail: str) -> Link:
 USERSPACE_TITLE = "userspace library and NVML at the module's version"
 
 
-def _userspace(facts: dict[str, Any]) -> Link:
+def _userspace(facts: NodeReadinessInfo) -> Link:
     make = _link("nvml", USERSPACE_TITLE)
     driver = facts["host"]["driver"]
     nvml = facts["nvml"]
@@ -184,7 +187,7 @@ def _userspace(facts: dict[str, Any]) -> Link:
     return make(OK, f"module and library {library}; {versions}, {seen} GPU(s)")
 
 
-def _xid(facts: dict[str, Any]) -> Link:
+def _xid(facts: NodeReadinessInfo) -> Link:
     make = _link("xid", "no GPU Xid errors in the kernel log since boot")
     xid = facts["xid"]
     if xid["source"] is None:
@@ -205,7 +208,7 @@ def _xid(facts: dict[str, Any]) -> Link:
     )  # fmt: skip
 
 
-def _fabric_manager(facts: dict[str, Any]) -> Link:
+def _fabric_manager(facts: NodeReadinessInfo) -> Link:
     make = _link("fabric_manager", "Fabric Manager active at the driver's version (NVSwitch)")
     host = facts["host"]
     if not host["pci"]["nvswitch"]:
@@ -240,7 +243,7 @@ def _fabric_manager(facts: dict[str, Any]) -> Link:
     return make(OK, f"Fabric Manager {version} active")
 
 
-def _toolkit(facts: dict[str, Any], binary: str) -> Link:
+def _toolkit(facts: NodeReadinessInfo, binary: str) -> Link:
     make = _link("toolkit", "NVIDIA Container Toolkit installed")
     toolkit = facts["toolkit"]
     present = facts["containerd"]["binary_present"] or toolkit["runtime_binary"] == binary
@@ -262,7 +265,7 @@ def _toolkit(facts: dict[str, Any], binary: str) -> Link:
     return make(OK, f"nvidia-ctk {ctk}, {binary}")
 
 
-def _cdi(facts: dict[str, Any], spec_path: str) -> Link:
+def _cdi(facts: NodeReadinessInfo, spec_path: str) -> Link:
     make = _link("cdi", "CDI spec current for the loaded driver, listing every GPU")
     module = facts["host"]["driver"]["kernel_module_version"]
     gpus = len(facts["host"]["pci"]["gpus"])
@@ -322,11 +325,11 @@ def _defines_nvidia(config: dict[str, Any]) -> bool:
     return False
 
 
-def _load_order(files: dict[str, Any]) -> list[dict[str, Any]]:
+def _load_order(files: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [file for file in [files["main"], *files["imported"]] if file]
 
 
-def shadowing_file(files: dict[str, Any], major: int) -> tuple[str, str] | None:
+def shadowing_file(files: Mapping[str, Any], major: int) -> tuple[str, str] | None:
     """On containerd 1.x, ``(file that defines nvidia, later file that replaces the CRI section)``."""
     if major >= 2:
         return None
@@ -338,7 +341,7 @@ def shadowing_file(files: dict[str, Any], major: int) -> tuple[str, str] | None:
     return order[definers[-1]]["path"], order[owners[-1]]["path"]
 
 
-def _containerd_config(facts: dict[str, Any]) -> Link:
+def _containerd_config(facts: NodeReadinessInfo) -> Link:
     make = _link("containerd_config", "nvidia runtime in containerd's merged config")
     state = facts["containerd"]
     version = state["version"]
@@ -351,13 +354,14 @@ def _containerd_config(facts: dict[str, Any]) -> Link:
     dump = state["dump"]
     main = state["files"]["main_path"]
     if dump is None or dump["error"]:
-        error = (dump or {}).get("error") or "no output"
+        error = (dump["error"] if dump else None) or "no output"
         return make(
             BROKEN, f"containerd {version['raw']}: config does not load",
             cause=f"`containerd --config {main} config dump` fails: {error.strip().splitlines()[-1]}",
             fix="fix the file the error names; containerd cannot start on this config",
         )  # fmt: skip
     summary = dump["summary"]
+    assert summary is not None  # a dump without an error has its summary
     if RUNTIME in summary["runtimes"]:
         binary = summary["runtimes"][RUNTIME]["BinaryName"]
         return make(OK, f"containerd {version['raw']}: nvidia ({binary}), default {summary['default_runtime_name']}")
@@ -377,13 +381,13 @@ def _containerd_config(facts: dict[str, Any]) -> Link:
     )  # fmt: skip
 
 
-def _newer_files(state: dict[str, Any]) -> list[str]:
+def _newer_files(state: Mapping[str, Any]) -> list[str]:
     started = state["service"]["started_at"] or 0
     mtimes = state["files"]["mtimes"]
     return sorted((path for path, mtime in mtimes.items() if mtime >= int(started)), key=lambda p: -mtimes[p])
 
 
-def _containerd_running(facts: dict[str, Any]) -> Link:
+def _containerd_running(facts: NodeReadinessInfo) -> Link:
     make = _link("containerd_running", "running containerd loaded the nvidia runtime")
     state, cri = facts["containerd"], facts["cri"]
     service = state["service"]
@@ -414,8 +418,8 @@ def _containerd_running(facts: dict[str, Any]) -> Link:
     if RUNTIME in cri["runtimes"]:
         note = "; a config file is newer (restart pending)" if pending else ""
         return make(OK, f"PID {service['main_pid']}: runtimes {', '.join(cri['runtimes'])}{note}")
-    summary = (state["dump"] or {}).get("summary") or {}
-    in_files = RUNTIME in summary.get("runtimes", {})
+    summary = state["dump"]["summary"] if state["dump"] else None
+    in_files = bool(summary and RUNTIME in summary["runtimes"])
     if in_files and pending:
         newer = _newer_files(state)
         return make(
@@ -440,7 +444,7 @@ def _containerd_running(facts: dict[str, Any]) -> Link:
     )  # fmt: skip
 
 
-def _containerd_signals(facts: dict[str, Any]) -> Link:
+def _containerd_signals(facts: NodeReadinessInfo) -> Link:
     make = _link("containerd_restarts", "containerd not restarted by a signal or crash (last 24 h of this boot)")
     if facts["containerd"]["version"] is None:
         return make(NOT_APPLICABLE, "containerd not installed")
@@ -478,7 +482,7 @@ VALIDATION_LINKS = {
 }
 
 
-def _validation(facts: dict[str, Any], marker: str) -> Link:
+def _validation(facts: NodeReadinessInfo, marker: str) -> Link:
     make = _link(f"validator:{marker}", f"GPU Operator validator: {marker}")
     validations = facts["validations"]
     if not facts["host"]["pci"]["gpus"]:
@@ -497,7 +501,7 @@ def _validation(facts: dict[str, Any], marker: str) -> Link:
     )  # fmt: skip
 
 
-def _device_plugin(facts: dict[str, Any]) -> Link:
+def _device_plugin(facts: NodeReadinessInfo) -> Link:
     make = _link("device_plugin", "NVIDIA device plugin serving kubelet")
     if not facts["host"]["pci"]["gpus"]:
         return make(NOT_APPLICABLE, "no NVIDIA GPU")
@@ -514,14 +518,14 @@ def _device_plugin(facts: dict[str, Any]) -> Link:
     )  # fmt: skip
 
 
-def _gpu_only(link: Link, facts: dict[str, Any]) -> Link:
+def _gpu_only(link: Link, facts: NodeReadinessInfo) -> Link:
     """Links that only exist on GPU nodes are not applicable elsewhere."""
     if facts["host"]["pci"]["gpus"] or link.state == NOT_APPLICABLE:
         return link
     return Link(link.id, link.title, NOT_APPLICABLE, "no NVIDIA GPU")
 
 
-def _versions(facts: dict[str, Any]) -> dict[str, str | None]:
+def _versions(facts: NodeReadinessInfo) -> dict[str, str | None]:
     host, nvml, containerd = facts["host"], facts["nvml"], facts["containerd"]
     return {
         "kernel": host["kernel"],
@@ -535,7 +539,7 @@ def _versions(facts: dict[str, Any]) -> dict[str, str | None]:
     }
 
 
-def assess(node: str, facts: dict[str, Any], binary: str, spec_path: str) -> NodeReadiness:
+def assess(node: str, facts: NodeReadinessInfo, binary: str, spec_path: str) -> NodeReadiness:
     """Every link of ``node``'s chain, in order, from the ``NodeReadiness`` fact."""
     gpu = [
         _module(facts),

@@ -9,14 +9,14 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from pyinfra_gpunode.driver_versions import same_driver
-from pyinfra_gpunode.facts.cdi import CdiSpecs, missing_devices
+from pyinfra_gpunode.facts.cdi import CdiSpec, CdiSpecs, missing_devices
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaGpus
 from pyinfra_gpunode.operations._atomic import fail
 
 DEFAULT_SPEC = "/etc/cdi/nvidia.yaml"
 
 
-def refresh_reason(path: str, current: dict[str, Any] | None, loaded: str, gpu_count: int) -> str | None:
+def refresh_reason(path: str, current: CdiSpec | None, loaded: str, gpu_count: int) -> str | None:
     """Why the spec at ``path`` must be generated again, or None when it is current."""
     if current is None:
         return f"CDI spec {path} is missing; generating it for driver {loaded}"
