@@ -5,7 +5,9 @@ from __future__ import annotations
 import difflib
 import posixpath
 import shlex
+from collections.abc import Generator
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
@@ -180,7 +182,7 @@ def nvidia_runtime(
     cdi_spec_dirs: list[str] | None = None,
     dropin_dir: str = "/etc/containerd/conf.d",
     binary_required: bool = False,
-):
+) -> Generator[Any, Any, None]:
     """
     Register the nvidia runtime with containerd's CRI plugin through a drop-in that survives
     other drop-ins.
@@ -246,7 +248,7 @@ def backup_paths(main_path: str) -> list[str]:
 
 
 @operation(is_idempotent=False, idempotent_notice="Takes a new copy each time it runs.")
-def config_backed_up(path: str):
+def config_backed_up(path: str) -> Generator[Any, Any, None]:
     """
     Save containerd's config tree in a tar readable by root only, before it is changed.
 
@@ -316,7 +318,9 @@ def _restore(backup: str, paths: list[str], failure: str) -> StringCommand:
     is_idempotent=False,
     idempotent_notice="Restarts containerd only when its config is newer than the daemon or the unit is down.",
 )
-def restarted_if_pending(timeout: int = 60, backup: str | None = None, dropped_runtimes: list[str] | None = None):
+def restarted_if_pending(
+    timeout: int = 60, backup: str | None = None, dropped_runtimes: list[str] | None = None
+) -> Generator[Any, Any, None]:
     """
     Restart containerd when a config file is newer than the running daemon or the unit is not
     active (failed, stopped), verify it, and put back what this run changed when the new

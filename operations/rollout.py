@@ -9,7 +9,7 @@ import subprocess
 import time
 import uuid
 import weakref
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -64,7 +64,7 @@ _RELEASE_LOCK = 'if [ "$(head -n 1 "$1" 2>/dev/null)" = "$2" ]; then kill "$(sed
 
 
 @operation(is_idempotent=False, idempotent_notice="Takes the lock once per run and node.")
-def node_locked():
+def node_locked() -> Generator[Any, Any, None]:
     """
     Hold this node's lock for the rest of the run, so two runs never work on one node at once.
 
@@ -98,7 +98,7 @@ def node_locked():
 
 
 @operation(is_idempotent=False, idempotent_notice="Releases the lock this run holds, if any.")
-def node_unlocked():
+def node_unlocked() -> Generator[Any, Any, None]:
     """
     Release the node lock this run took with ``node_locked``, at the end of its work on the node.
 
@@ -117,7 +117,9 @@ def node_unlocked():
 
 
 @operation(is_idempotent=False, idempotent_notice="Writes and restarts only on nodes whose config differs.")
-def nvidia_runtime_rolled_out(order: list[str], nodes: dict[str, NodeSettings] | None = None):
+def nvidia_runtime_rolled_out(
+    order: list[str], nodes: dict[str, NodeSettings] | None = None
+) -> Generator[Any, Any, None]:
     """
     Take every disruptive change node by node in ``order``: a node's turn runs the before-hook,
     its driver change (and reboot) with the GPU steps after it, writes its containerd files,
@@ -180,7 +182,7 @@ def nvidia_runtime_rolled_out(order: list[str], nodes: dict[str, NodeSettings] |
         host.noop(f"containerd rollout: {outcome}")
 
 
-def _plan(settings: NodeSettings):
+def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
     found = containerd.registration(**settings["runtime"])
     rolling = settings["restart"] == "rolling"
     unit = unit_problem(found.service) if rolling and found.installed and not found.problem else None
@@ -226,7 +228,7 @@ def _hostname(node: Host, settings: NodeSettings) -> str:
     return ""
 
 
-def _files_only(runtime: dict[str, Any]):
+def _files_only(runtime: dict[str, Any]) -> Generator[Any, Any, None]:
     """A ``restart: none`` node: its files (after a backup), no restart, no turn."""
     if containerd.registration(**runtime).writes:
         yield from containerd.config_backed_up._inner(path=_backup_path())
