@@ -14,7 +14,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from pyinfra import host, state
+from pyinfra import host
 from pyinfra.api import State, deploy
 
 from pyinfra_gpunode.driver_plan import DriverRequest, DriverRequestError, check_request, resolve_source
@@ -31,6 +31,7 @@ from pyinfra_gpunode.operations import (
     rollout,
     unattended_upgrades,
 )
+from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.rollout import NodeReport, NodeSettings, rollout_order
 from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit
 
@@ -40,7 +41,7 @@ def settings() -> dict[str, Any]:
     values = validate(host.data.dict())
     for key in HOOK_KEYS:
         values[key] = check_hook(key, values[key], shutil.which)
-    values["rollout_order"] = _rollout_order(state._get_module())  # type: ignore[attr-defined]
+    values["rollout_order"] = _rollout_order(current_state())
     return values
 
 
@@ -99,8 +100,8 @@ def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
     values = values or _accepted_settings(gpu=False)
     if values is None:
         return
-    nodes = _NODES.setdefault(state._get_module(), {})  # type: ignore[attr-defined]
-    driver, steps = _DRIVER_TURNS.get(state._get_module(), {}).get(host.name, ([], None))  # type: ignore[attr-defined]
+    nodes = _NODES.setdefault(current_state(), {})
+    driver, steps = _DRIVER_TURNS.get(current_state(), {}).get(host.name, ([], None))
     nodes[host.name] = {
         "runtime": _runtime(values),
         "timeout": values["gpunode_restart_timeout"],
@@ -122,7 +123,7 @@ def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
 
 
 def _report() -> NodeReport:
-    return rollout.REPORTS.setdefault(state._get_module(), {}).setdefault(host.name, NodeReport())  # type: ignore[attr-defined]
+    return rollout.REPORTS.setdefault(current_state(), {}).setdefault(host.name, NodeReport())
 
 
 def _driver_request(values: dict[str, Any]) -> DriverRequest:
@@ -246,7 +247,7 @@ def gpu_node_prepared() -> None:
     if kind["gpus"]["gpus"]:
         changes = nvidia.driver_changes(**_driver_arguments(values))
         if changes and values["gpunode_containerd_restart"] == "rolling":  # in the node's turn
-            turns = _DRIVER_TURNS.setdefault(state._get_module(), {})  # type: ignore[attr-defined]
+            turns = _DRIVER_TURNS.setdefault(current_state(), {})
             turns[host.name] = (changes, partial(_gpu_steps, values))
         else:
             _gpu_steps(values)

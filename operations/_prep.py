@@ -18,6 +18,7 @@ from pyinfra.api import FactBase, State
 
 from pyinfra_gpunode.facts.kernel import HostPrepState, KernelState, NouveauBlacklist
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
+from pyinfra_gpunode.operations._internals import current_host, current_state, operation_result
 
 NOUVEAU_CONF = "/etc/modprobe.d/gpunode-blacklist-nouveau.conf"
 _SINGLE: dict[str, type[FactBase[Any]]] = {
@@ -43,7 +44,7 @@ def prep_state(part: str, nouveau_path: str = NOUVEAU_CONF, **kwargs: Any) -> An
     op_hash = host.current_op_hash
     if op_hash is None:  # outside an operation: nothing to share
         return host.get_fact(_SINGLE[part], **kwargs)
-    run: State = state._get_module()  # type: ignore[attr-defined]  # the State behind the context proxy
+    run = current_state()
     reads = _READS.setdefault(run, {})
     read = reads.pop(host.name, None)
     if read is None or part not in read.parts or not _unchanged_since(run, read, nouveau_path):
@@ -66,5 +67,5 @@ def _unchanged_since(run: State, read: _Read, path: str) -> bool:
         return False
     if not state.is_executing:
         return True  # the prepare pass runs nothing
-    meta = run.ops[host._get_module()][read.op_hash].operation_meta  # type: ignore[attr-defined]
+    meta = operation_result(run, current_host(), read.op_hash)
     return bool(meta.is_complete() and meta.did_succeed() and not meta.did_change())

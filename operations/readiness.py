@@ -14,6 +14,7 @@ from pyinfra.api import State, operation
 from pyinfra_gpunode.facts.readiness import NodeReadiness
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail
+from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.readiness import NodeReadiness as Report
 from pyinfra_gpunode.readiness import assess, fleet_json, fleet_text, node_text
 
@@ -47,7 +48,7 @@ def reported(
 
         readiness.reported(name="readiness: every link of the chain")
     """
-    run: State = state._get_module()  # type: ignore[attr-defined]  # the State behind the context proxy
+    run = current_state()
     reports = REPORTS.setdefault(run, {})
     if host.name not in reports:
         reports[host.name] = assess(host.name, host.get_fact(NodeReadiness, binary=binary), binary, cdi_spec_path)

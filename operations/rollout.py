@@ -18,13 +18,21 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import NestedOperationError
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
-from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.server import Hostname
 
 from pyinfra_gpunode.hooks import hook_argv, hook_environment, placeholders
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import containerd
 from pyinfra_gpunode.operations._atomic import fail
+from pyinfra_gpunode.operations._internals import (
+    changed_operations,
+    current_state,
+    failed_operation,
+    on_host,
+    operation_result,
+    outside_operation,
+    spawn,
+)
 from pyinfra_gpunode.rollout import (
     NodeReport,
     NodeSettings,
@@ -83,7 +91,7 @@ def node_locked() -> Generator[Any, Any, None]:
     if not state.is_executing:
         host.noop("the node lock is taken when the run executes")
         return
-    run = state._get_module()  # type: ignore[attr-defined]  # the State behind the context proxy
+    run = current_state()
     locked = _LOCKED.setdefault(run, set())
     if host.name in locked:
         host.noop("this run holds the node lock")
@@ -108,7 +116,7 @@ def node_unlocked() -> Generator[Any, Any, None]:
 
         rollout.node_unlocked(name="node: lock released")
     """
-    run = state._get_module()  # type: ignore[attr-defined]  # the State behind the context proxy
+    run = current_state()
     if not state.is_executing or host.name not in _LOCKED.get(run, set()):
         host.noop("this run holds no node lock")
         return
@@ -172,7 +180,7 @@ def nvidia_runtime_rolled_out(
     if mine["restart"] == "none":
         yield from _files_only(mine["runtime"])
         return
-    run = state._get_module()  # type: ignore[attr-defined]  # the State behind the context proxy
+    run = current_state()
     if run not in OUTCOMES:
         _conduct(run, order, nodes)
     outcome = OUTCOMES[run].get(host.name, "not in the rollout order")
@@ -249,8 +257,7 @@ def _conduct(state: State, order: list[str], nodes: Mapping[str, NodeSettings]) 
         if mine["restart"] != "rolling":
             outcomes[name] = "files only (gpunode_containerd_restart: none)"
     # Read every node in parallel first; only nodes with something to do take a (serial) turn.
-    assert state.pool is not None
-    checks = {node.name: state.pool.spawn(_check, state, node, settings[node.name]) for node in turns}
+    checks = {node.name: spawn(state, _check, state, node, settings[node.name]) for node in turns}
     halted_by = None
     for node in turns:
         found = checks[node.name].get()
@@ -272,7 +279,7 @@ def _conduct(state: State, order: list[str], nodes: Mapping[str, NodeSettings]) 
 
 def _check(state: State, node: Host, settings: NodeSettings) -> containerd.Registration:
     """What the node's files and service need (reads only)."""
-    with ctx_state.use(state), ctx_host.use(node):
+    with on_host(state, node):
         return containerd.registration(**settings["runtime"])
 
 
@@ -283,12 +290,7 @@ def _reports(state: State, order: list[str], outcomes: dict[str, str]) -> dict[s
         node = state.inventory.get_host(name)
         report = known.get(name, NodeReport())
         report.rollout = outcomes.get(name, "not reached (failed before the rollout)")
-        metas = state.ops.get(node, {})
-        report.changed = sorted({
-            sorted(state.op_meta[op_hash].names)[0].rsplit(" | ", 1)[-1]
-            for op_hash, data in metas.items()
-            if data.operation_meta.is_complete() and data.operation_meta.did_change()
-        })
+        report.changed = sorted({name.rsplit(" | ", 1)[-1] for name in changed_operations(state, node)})
         if report.rollout.startswith("halted"):
             report.pending.append("containerd config and restart: rollout halted")
         reports[name] = report
@@ -302,7 +304,7 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
     changes = turn_changes(settings["driver"], found.writes, reason if found.restart_pending else None)
     hooked = not found.problem  # a refused config fails the node at once: no hook, no driver change
     did: list[str] = []
-    with ctx_state.use(state), ctx_host.use(node):
+    with on_host(state, node):
         hostname = _hostname(node, settings) if hooked else ""
     if hooked and settings["before"]:
         failure = _hook(node, "before", settings, hostname, changes)
@@ -310,37 +312,31 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
             return f"failed: before-hook {failure}; the node was not touched"
         did.append("before-hook")
     # The conducting host is inside this operation: its nested steps run as if it were not.
-    saved = {name: getattr(node, name) for name in _OP_CONTEXT}
-    node.in_op = False
-    try:
-        # pyinfra's context manager does not restore the host on an exception: catch inside it.
-        with ctx_host.use(node):
-            try:
-                writes = bool(found.writes) and not found.problem  # a refused config: nothing to back up
-                if hooked and settings["steps"]:
-                    settings["steps"]()
-                    did.extend(settings["driver"])
-                    if any(change.startswith("driver: reboot") for change in settings["driver"]):
-                        _LOCKED.get(state, set()).discard(node.name)  # the lock's holder ended with the boot
-                        node_locked(name="node: locked again after the reboot")
-                    writes = bool(containerd.registration(**settings["runtime"]).writes)
-                backup = _backup_path() if writes else None
-                if backup:
-                    containerd.config_backed_up(name="containerd: config backed up", path=backup)
-                written = containerd.nvidia_runtime(name="containerd: nvidia runtime registered", **settings["runtime"])
-                restarted = containerd.restarted_if_pending(
-                    name="containerd: restarted and verified",
-                    timeout=settings["timeout"],
-                    backup=backup if written.did_change() else None,
-                    dropped_runtimes=found.dropped_runtimes,
-                )
-            except NestedOperationError as error:
-                stderr = state.ops[node][error.args[0]].operation_meta.stderr.strip()
-                cause = stderr.splitlines()[-1] if stderr else "see the log above"
-                return f"failed: {cause}" + ("; after-hook not run" if hooked and settings["after"] else "")
-    finally:
-        for name, value in saved.items():
-            setattr(node, name, value)
+    # pyinfra's context manager does not restore the host on an exception: catch inside it.
+    with outside_operation(node), on_host(state, node):
+        try:
+            writes = bool(found.writes) and not found.problem  # a refused config: nothing to back up
+            if hooked and settings["steps"]:
+                settings["steps"]()
+                did.extend(settings["driver"])
+                if any(change.startswith("driver: reboot") for change in settings["driver"]):
+                    _LOCKED.get(state, set()).discard(node.name)  # the lock's holder ended with the boot
+                    node_locked(name="node: locked again after the reboot")
+                writes = bool(containerd.registration(**settings["runtime"]).writes)
+            backup = _backup_path() if writes else None
+            if backup:
+                containerd.config_backed_up(name="containerd: config backed up", path=backup)
+            written = containerd.nvidia_runtime(name="containerd: nvidia runtime registered", **settings["runtime"])
+            restarted = containerd.restarted_if_pending(
+                name="containerd: restarted and verified",
+                timeout=settings["timeout"],
+                backup=backup if written.did_change() else None,
+                dropped_runtimes=found.dropped_runtimes,
+            )
+        except NestedOperationError as error:
+            stderr = operation_result(state, node, failed_operation(error)).stderr.strip()
+            cause = stderr.splitlines()[-1] if stderr else "see the log above"
+            return f"failed: {cause}" + ("; after-hook not run" if hooked and settings["after"] else "")
     if written.did_change():
         did.append("containerd written")
     if restarted.did_change():
@@ -387,5 +383,3 @@ def _log_output(node: Host, which: str, output: str) -> None:
     for line in output.rstrip().splitlines():
         logger.info("%s%s-hook | %s", node.print_prefix, which, line)
 
-
-_OP_CONTEXT = ("in_op", "current_op_hash", "current_op_global_arguments", "current_op_deploy_data")

@@ -1,0 +1,91 @@
+"""What this library relies on from pyinfra beyond its documented API, in one place.
+
+The rollout conducts every node's turn from inside one operation: it needs the run's State (not
+the context proxy) to key per-run bookkeeping on, pyinfra's pool to read nodes in parallel, each
+host's operation results, and to run operations on another host as if outside an operation.
+``tests/unit/test_pyinfra_internals.py`` checks each assumption against the installed pyinfra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol, TypeVar
+
+from pyinfra import host, state
+from pyinfra.api.exceptions import NestedOperationError
+from pyinfra.api.host import Host
+from pyinfra.api.operation import OperationMeta
+from pyinfra.api.state import State
+from pyinfra.context import ctx_host, ctx_state
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+# The attributes pyinfra sets on a host while one of its operations runs (and resets after it).
+OP_CONTEXT = ("in_op", "current_op_hash", "current_op_global_arguments", "current_op_deploy_data")
+
+
+class Result(Protocol[T_co]):
+    def get(self) -> T_co: ...
+
+
+def current_state() -> State:
+    """The State of this run, behind pyinfra's ``state`` context proxy (a key that lives as long as the run)."""
+    run: State = state._get_module()  # type: ignore[attr-defined]
+    return run
+
+
+def current_host() -> Host:
+    """The Host behind pyinfra's ``host`` context proxy."""
+    node: Host = host._get_module()  # type: ignore[attr-defined]
+    return node
+
+
+def spawn(run: State, function: Callable[..., T], *args: Any) -> Result[T]:
+    """Run ``function(*args)`` in the run's pool (as pyinfra runs hosts in parallel); ``.get()`` waits for it."""
+    assert run.pool is not None
+    greenlet: Result[T] = run.pool.spawn(function, *args)
+    return greenlet
+
+
+def operation_result(run: State, node: Host, op_hash: str) -> OperationMeta:
+    """What operation ``op_hash`` did on ``node`` in this run (``is_complete()``, ``did_change()``, ``stderr``)."""
+    return run.ops[node][op_hash].operation_meta
+
+
+def changed_operations(run: State, node: Host) -> list[str]:
+    """The first name (sorted) of every operation that completed with a change on ``node``, in the order added."""
+    return [
+        sorted(run.op_meta[op_hash].names)[0]
+        for op_hash, data in run.ops.get(node, {}).items()
+        if data.operation_meta.is_complete() and data.operation_meta.did_change()
+    ]
+
+
+def failed_operation(error: NestedOperationError) -> str:
+    """The hash of the nested operation whose failure raised ``error``."""
+    op_hash: str = error.args[0]
+    return op_hash
+
+
+@contextmanager
+def on_host(run: State, node: Host) -> Iterator[None]:
+    """pyinfra's ``state`` and ``host`` are ``run`` and ``node`` inside the block.
+
+    pyinfra does not restore them when the block raises: catch exceptions inside it."""
+    with ctx_state.use(run), ctx_host.use(node):
+        yield
+
+
+@contextmanager
+def outside_operation(node: Host) -> Iterator[None]:
+    """``node``'s operations called in the block run at once (nested), as if no operation of it were running;
+    its operation context is put back after the block, however it ends."""
+    saved = {name: getattr(node, name) for name in OP_CONTEXT}
+    node.in_op = False
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(node, name, value)

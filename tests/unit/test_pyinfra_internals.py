@@ -1,0 +1,119 @@
+"""operations/_internals.py against the installed pyinfra: one run on two @fake hosts in which an
+operation on one host works on the other the way the rollout does. Each check names the pyinfra
+attribute the module relies on, so a pyinfra release that changes it fails here, by name."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+from pyinfra import host
+from pyinfra.api import Config, State, StringCommand, operation
+from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.exceptions import NestedOperationError
+from pyinfra.api.host import Host
+from pyinfra.api.inventory import Inventory
+from pyinfra.api.operation import add_op
+from pyinfra.api.operations import run_ops
+from pyinfra.operations import server
+
+from pyinfra_gpunode.operations._internals import (
+    OP_CONTEXT,
+    changed_operations,
+    current_host,
+    current_state,
+    failed_operation,
+    on_host,
+    operation_result,
+    outside_operation,
+    spawn,
+)
+
+SEEN: dict[str, Any] = {}
+
+
+@operation(is_idempotent=False)
+def conducted(other: str) -> Generator[Any, Any, None]:
+    """Test operation: on ``@fake/a`` at execute, work on ``other`` as the rollout does."""
+    yield StringCommand("true")
+    if not current_state().is_executing or host.name != "@fake/a":
+        return
+    run, me = current_state(), current_host()
+    node = run.inventory.get_host(other)
+    SEEN["state"], SEEN["host"] = run, me
+    SEEN["own_context"] = {name: getattr(me, name) for name in OP_CONTEXT}
+    SEEN["spawned"] = spawn(run, lambda value: value * 2, 21).get()
+    node.in_op = True  # as if ``node`` were inside this very operation, as the rollout's nodes are
+    SEEN["other_before"] = {name: getattr(node, name) for name in OP_CONTEXT}
+    with outside_operation(node), on_host(run, node):
+        SEEN["inside_in_op"] = node.in_op
+        SEEN["inside_host"] = current_host()
+        SEEN["nested"] = server.shell(name="nested: ok", commands=["echo nested-ok"])
+        try:
+            server.shell(name="nested: fails", commands=["nested-fails"])
+        except NestedOperationError as error:
+            SEEN["failed"] = failed_operation(error)
+            SEEN["stderr"] = operation_result(run, node, SEEN["failed"]).stderr
+    SEEN["other_after"] = {name: getattr(node, name) for name in OP_CONTEXT}
+    SEEN["host_after"] = current_host()
+
+
+@pytest.fixture(scope="module")
+def run() -> State:
+    data = {
+        "fake_delay": 0, "fake_delay_jitter": 0,
+        "fake_responses": {"nested-fails": {"success": False, "stderr": ["nested failure"]}},
+    }
+    state = State(inventory=Inventory(([("@fake/a", data), ("@fake/b", data)], {})), config=Config())
+    connect_all(state)
+    try:
+        add_op(state, server.shell, name="plain: changes", commands=["echo changed"])
+        add_op(state, conducted, name="conducted", other="@fake/b")
+        run_ops(state)
+    finally:
+        disconnect_all(state)
+    return state
+
+
+def test_the_state_and_host_behind_the_context_proxies(run: State) -> None:
+    assert SEEN.get("state") is run, "pyinfra.state._get_module() no longer returns the run's State"
+    node = run.inventory.get_host("@fake/a")
+    assert isinstance(SEEN.get("host"), Host) and SEEN["host"] is node, (
+        "pyinfra.host._get_module() no longer returns the Host"
+    )
+
+
+def test_the_pool_runs_a_function_and_get_returns_its_value(run: State) -> None:
+    assert SEEN.get("spawned") == 42, "State.pool.spawn(...).get() no longer returns the function's value"
+
+
+def test_a_running_operation_sets_the_op_context_the_module_saves(run: State) -> None:
+    context = SEEN.get("own_context", {})
+    assert set(context) == set(OP_CONTEXT), "Host.in_op / current_op_* not readable"
+    assert context["in_op"] is True, "Host.in_op is no longer True while the host's operation runs"
+    assert context["current_op_hash"] in run.op_meta, "Host.current_op_hash no longer names the running operation"
+    assert context["current_op_global_arguments"] is not None, "Host.current_op_global_arguments no longer set"
+
+
+def test_outside_operation_lets_nested_operations_run_and_puts_the_context_back(run: State) -> None:
+    assert SEEN.get("inside_in_op") is False, "Host.in_op not cleared inside outside_operation"
+    assert SEEN.get("inside_host") is run.inventory.get_host("@fake/b"), "ctx_host.use() no longer sets pyinfra.host"
+    assert SEEN["nested"].is_complete() and SEEN["nested"].did_succeed(), (
+        "a nested operation on a host with Host.in_op False no longer runs at once"
+    )
+    assert SEEN.get("other_after") == SEEN["other_before"], "Host.in_op / current_op_* not put back after the block"
+    assert SEEN.get("host_after") is run.inventory.get_host("@fake/a"), "ctx_host.use() no longer restores the host"
+
+
+def test_a_failed_nested_operation_names_its_hash_and_its_stderr(run: State) -> None:
+    assert SEEN.get("failed") in run.op_meta, "NestedOperationError.args[0] is no longer the operation's hash"
+    assert "nested failure" in SEEN.get("stderr", ""), "State.ops[host][hash].operation_meta.stderr lost the output"
+
+
+def test_changed_operations_names_the_completed_changes_in_order(run: State) -> None:
+    assert changed_operations(run, run.inventory.get_host("@fake/a")) == ["plain: changes", "conducted"], (
+        "State.ops[host] / State.op_meta[hash].names / OperationMeta.is_complete(), did_change() changed"
+    )
+    names = changed_operations(run, run.inventory.get_host("@fake/b"))
+    assert names[0] == "plain: changes" and "nested: ok" in names and "nested: fails" not in names, names
