@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -36,23 +37,33 @@ class NodeReport:
     driver_ready: bool | None = None  # read once per run, by the first GPU step after the driver
 
 
-def summary_table(reports: dict[str, NodeReport]) -> str:
-    """A plain-text table, one row per node, in the order given."""
-    header = ("node", "rollout", "changed", "skipped", "pending")
-    rows = [
-        (
-            name,
-            report.rollout,
-            ", ".join(report.changed) or "-",
-            "; ".join(report.skipped) or "-",
-            "; ".join(report.pending) or "-",
-        )
-        for name, report in reports.items()
-    ]
-    widths = [max(len(row[column]) for row in (header, *rows)) for column in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-             for row in (header, *rows)]
+SUMMARY_WIDTH = 100  # the summary fits a terminal this wide
+
+
+def summary_table(reports: dict[str, NodeReport], width: int = SUMMARY_WIDTH) -> str:
+    """One block per node, in the order given: the node and its rollout outcome, then what changed,
+    was skipped and is pending (each only when there is any), wrapped to ``width`` columns."""
+    lines: list[str] = []
+    for name, report in reports.items():
+        if len(name) + 2 > width // 2:  # a long name gets a line of its own (never cut)
+            lines += [name, *_wrapped(report.rollout, width, " " * 4, " " * 6)]
+        else:
+            lines += _wrapped(report.rollout, width, f"{name}  ", " " * 6)
+        for label, items, separator in (
+            ("changed", report.changed, ", "),
+            ("skipped", report.skipped, "; "),
+            ("pending", report.pending, "; "),
+        ):
+            if items:
+                lines += _wrapped(f"{label}: {separator.join(items)}", width, " " * 4, " " * 6)
     return "\n".join(lines)
+
+
+def _wrapped(text: str, width: int, first: str, rest: str) -> list[str]:
+    """``text`` wrapped at spaces (a word longer than a line is cut) to lines of ``width`` columns at most."""
+    return textwrap.wrap(
+        text or "-", width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
+    ) or [first.rstrip()]
 
 
 class NodeSettings(TypedDict):

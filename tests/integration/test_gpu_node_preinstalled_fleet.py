@@ -18,6 +18,7 @@ import pytest
 
 from tests.fleet.fleet import Fleet
 from tests.integration.gpu_state import DRIVER, LIBRARY, LIBRARY_DIR, cdi_spec, libnvidia_ml
+from tests.integration.summary import summary_rows
 
 REPO = Path(__file__).resolve().parents[2]
 PLANTED = "/root/gpunode-planted-driver"
@@ -82,9 +83,8 @@ def test_preinstalled_driver_without_host_data_goes_from_plan_to_prepared_node(
 
     run = deploy(fleet, "-y")
     assert run.returncode == 0, run.stdout
-    summary = run.stdout[run.stdout.index("Summary (rollout order)") :]
-    row = next(line for line in summary.splitlines() if line.strip().startswith("node1"))
-    assert f"driver {DRIVER} (proprietary) preinstalled" in row and "done" in row, summary
+    row = summary_rows(run.stdout)["node1"]
+    assert f"driver {DRIVER} (proprietary) preinstalled" in row and "done" in row, run.stdout
     assert on(fleet, "dpkg-query -W -f='${Package}\\n' 'nvidia*' 'libnvidia*' 2>/dev/null || true") == ""
     assert "nvidia" not in on(fleet, "apt-mark showhold")
     invocation = on(fleet, "systemctl show -p InvocationID --value containerd").strip()

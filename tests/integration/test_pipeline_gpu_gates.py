@@ -29,6 +29,7 @@ from pyinfra_gpunode.facts.nvidia import (
 from pyinfra_gpunode.operations.kernel import NOUVEAU_CONF
 from pyinfra_gpunode.operations.rollout import REPORTS
 from pyinfra_gpunode.pipeline import gpu_node_prepared
+from tests.integration.summary import summary_rows
 
 TESTS = Path(__file__).resolve().parents[1]
 RUNTIME = "/usr/bin/nvidia-container-runtime"
@@ -120,7 +121,7 @@ def test_pending_reboot_stops_later_gpu_steps_and_is_reported(run: State, caplog
     assert reports["gpu2"].pending == [] and reports["gpu2"].skipped == []
 
     summary = next(r.getMessage() for r in caplog.get_records("setup") if "Summary" in r.getMessage())
-    rows = {line.split()[0]: line for line in summary.splitlines()[2:]}
+    rows = summary_rows(summary)
     assert "reboot: driver 550.163.01 installed" in rows["@fake/gpu1"]
     assert "CDI spec: current for the loaded driver" in rows["@fake/gpu2"]
 
@@ -135,5 +136,5 @@ def test_preinstalled_driver_without_host_data_reaches_toolkit_and_cdi(
     report = REPORTS[run]["@fake/h200"]
     assert report.skipped == ["driver 580.159.04 (open) preinstalled"] and report.pending == []
     summary = next(r.getMessage() for r in caplog.get_records("setup") if "Summary" in r.getMessage())
-    row = next(line for line in summary.splitlines() if line.startswith("@fake/h200"))
+    row = summary_rows(summary)["@fake/h200"]
     assert "driver 580.159.04 (open) preinstalled" in row

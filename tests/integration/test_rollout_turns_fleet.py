@@ -21,6 +21,7 @@ import pytest
 from tests.fleet.fleet import Fleet, HostSpec
 from tests.fleet.plugin import FleetFactory
 from tests.integration.gpu_state import DRIVER, LIBRARY, LIBRARY_DIR, cdi_spec, libnvidia_ml
+from tests.integration.summary import summary_rows
 from tests.integration.test_gpu_node_fleet import digest, main_pid, running_runtimes, sh, unit_time
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,8 +93,7 @@ def untouched(fleet: Fleet) -> dict[str, tuple[str, str]]:
 
 
 def summary_row(output: str, node: str) -> str:
-    summary = output[output.index("Summary (rollout order)") :]
-    return next(line for line in summary.splitlines() if line.startswith(node))
+    return summary_rows(output)[node]
 
 
 def test_hooks_wrap_each_turn_in_rollout_order_and_never_run_in_a_dry_run(

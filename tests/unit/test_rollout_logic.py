@@ -66,15 +66,43 @@ def test_restart_problem_names_unit_state_and_cri_failure() -> None:
     assert "did not load" in (restart_problem("active", "success", failed, expected) or "")
 
 
-def test_summary_table_has_a_row_per_node_in_order() -> None:
+def test_summary_table_has_a_block_per_node_in_order() -> None:
     table = summary_table({
         "node2": NodeReport(changed=["kernel: held"], rollout="done"),
         "node1": NodeReport(skipped=["CDI: reboot pending"], pending=["reboot"], rollout="halted: x"),
     })
+    assert table.splitlines() == [
+        "node2  done",
+        "    changed: kernel: held",
+        "node1  halted: x",
+        "    skipped: CDI: reboot pending",
+        "    pending: reboot",
+    ]
+
+
+def test_summary_table_fits_100_columns_and_keeps_every_word() -> None:
+    changed = [f"step {n}: something changed on the node with a long description" for n in range(8)]
+    reports = {
+        "gpu-node-01.example.internal": NodeReport(
+            changed=changed,
+            skipped=["driver 580.159.04 (proprietary) preinstalled", "Fabric Manager: no NVSwitch"],
+            pending=["reboot: driver 550.163.01 installed, no module loaded"],
+            rollout="done: before-hook, driver: reboot (550.163.01 loaded, 580.95.05 installed), containerd written, "
+            "containerd restarted and verified, after-hook",
+        ),
+        "n" * 70: NodeReport(rollout="halted: not touched after the failure on gpu-node-01.example.internal"),
+        "/" + "x" * 130: NodeReport(rollout="unchanged"),  # a node name longer than the terminal is not cut
+    }
+    table = summary_table(reports)
     lines = table.splitlines()
-    assert lines[0].split() == ["node", "rollout", "changed", "skipped", "pending"]
-    assert lines[1].startswith("node2  done") and "kernel: held" in lines[1]
-    assert lines[2].startswith("node1  halted: x") and lines[2].endswith("reboot")
+    assert [line for line in lines if len(line) > 100] == ["/" + "x" * 130], table
+    assert lines[0].startswith("gpu-node-01.example.internal  done: before-hook, driver: reboot"), table
+    assert lines[-2:] == ["/" + "x" * 130, "    unchanged"], table
+    # Wrapped at spaces only: the words read back in order.
+    words = " ".join(table.split())
+    assert "changed: " + ", ".join(changed) in words
+    assert "skipped: driver 580.159.04 (proprietary) preinstalled; Fabric Manager: no NVSwitch" in words
+    assert "n" * 70 + " halted: not touched after the failure on gpu-node-01.example.internal" in words
 
 
 CTR_OK_1_7 = ["io.containerd.grpc.v1                  cri                      linux/amd64    ok        "]
