@@ -6,6 +6,7 @@ import re
 import shlex
 import time
 from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 
 from pyinfra import host, state
@@ -37,7 +38,6 @@ from pyinfra_gpunode.facts.nvidia import (
     NvidiaHostState,
     NvidiaHostStateInfo,
     ToolkitInfo,
-    primary_fingerprints,
 )
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail as _fail
@@ -475,29 +475,25 @@ def _toolkit_checked(toolkit: ToolkitInfo, version: str | None) -> Generator[Any
         )
 
 
+# The script without its comment lines (it has no here-documents): what the node runs.
+_KEYRING_SCRIPT = "\n".join(
+    line
+    for line in (Path(__file__).parent / "shell" / "toolkit-keyring.sh").read_text().splitlines()
+    if line.strip() and not line.lstrip().startswith("#")
+)
+
+
 def keyring_script(
     fingerprint: str = TOOLKIT_FINGERPRINT, url: str = TOOLKIT_KEY_URL, keyring: str = TOOLKIT_KEYRING
 ) -> str:
-    """Shell that downloads the key file at ``url`` and writes exactly the key ``fingerprint`` to ``keyring``.
+    """Shell that downloads the key file at ``url`` and writes exactly the key ``fingerprint`` to ``keyring``
+    (``shell/toolkit-keyring.sh``, its arguments quoted).
 
     The key file is imported into a throwaway gpg home and only the pinned key is exported from it,
     so other keys in the file never reach the keyring; it fails naming what the file holds when the
     pinned key is not among them.
     """
-    holds, exported = primary_fingerprints('"$tmp/key"'), primary_fingerprints('"$tmp/keyring.gpg"')
-    return (
-        'set -e; tmp=$(mktemp -d); trap \'rm -rf "$tmp"\' EXIT; mkdir -m 700 "$tmp/gnupg"; '
-        f'curl -fsSL {shlex.quote(url)} -o "$tmp/key"; '
-        'gpg --homedir "$tmp/gnupg" --batch --quiet --import "$tmp/key"; '
-        f'gpg --homedir "$tmp/gnupg" --batch --export --export-options export-minimal {fingerprint} '
-        '> "$tmp/keyring.gpg"; '
-        f"found=$({exported}); "
-        f'if [ "$found" != {fingerprint} ]; then '
-        f'echo "toolkit repository key file {url} holds no key {fingerprint} (it holds: $({holds} | xargs))" >&2; '
-        "exit 1; fi; "
-        f'install -m 644 -o root -g root "$tmp/keyring.gpg" {shlex.quote(keyring + ".tmp")}; '
-        f"mv {shlex.quote(keyring + '.tmp')} {shlex.quote(keyring)}"
-    )
+    return shlex.join(["sh", "-c", _KEYRING_SCRIPT, "gpunode-keyring", fingerprint, url, keyring])
 
 
 def _install_debs(deb_dir: str, version: str | None) -> StringCommand:

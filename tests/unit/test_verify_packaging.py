@@ -20,6 +20,7 @@ def test_wheel_ships_the_verification_suite(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("plugin", "inventory", "facts", "test_containerd", "test_gpu", "test_host"):
         assert f"pyinfra_gpunode/verify/{module}.py" in names
+    assert "pyinfra_gpunode/operations/shell/toolkit-keyring.sh" in names  # read when operations.nvidia loads
     (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
     assert (
         "[pytest11]\ngpunode_verify = pyinfra_gpunode.verify.plugin"
