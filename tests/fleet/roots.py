@@ -13,6 +13,8 @@ import json
 import logging
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,8 +24,19 @@ from .paths import debs_dir, roots_dir
 log = logging.getLogger(__name__)
 
 BASE_PACKAGES = (
-    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "apt", "containerd",
-    "unattended-upgrades", "sudo", "iproute2", "procps", "kmod", "ca-certificates",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "apt",
+    "containerd",
+    "unattended-upgrades",
+    "sudo",
+    "iproute2",
+    "procps",
+    "kmod",
+    "ca-certificates",
 )
 KERNEL_PACKAGES = ("udev", "linux-image-cloud-amd64", "initramfs-tools")
 
@@ -116,8 +129,14 @@ def _debootstrap(recipe: RootRecipe, target: Path) -> None:
     cache = debs_dir(recipe.name)
     cache.mkdir(parents=True, exist_ok=True)
     command = [
-        "debootstrap", "--variant=minbase", "--components=main", f"--cache-dir={cache}",
-        "--include=" + ",".join(recipe.packages), recipe.release, str(target), debian_mirror(),
+        "debootstrap",
+        "--variant=minbase",
+        "--components=main",
+        f"--cache-dir={cache}",
+        "--include=" + ",".join(recipe.packages),
+        recipe.release,
+        str(target),
+        debian_mirror(),
     ]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
@@ -140,3 +159,18 @@ def _remove_tree(path: Path) -> None:
     """Remove ``path`` without crossing into file systems mounted below it (a killed debootstrap)."""
     if path.exists():
         subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True)
+
+
+@contextmanager
+def writable_copy(lower: Path, directory: Path) -> Iterator[Path]:
+    """A writable overlay of the root ``lower``, mounted at ``directory/merged`` (its writes land in
+    ``directory/upper``) and unmounted on exit; the cached root itself is never written."""
+    merged, upper, work = (directory / sub for sub in ("merged", "upper", "work"))
+    for path in (merged, upper, work):
+        path.mkdir(parents=True)
+    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
+    try:
+        yield merged
+    finally:
+        subprocess.run(["umount", str(merged)], check=True)

@@ -8,7 +8,6 @@ not parse fails the node naming the file, in the plan of a dry run too, and noth
 from __future__ import annotations
 
 import logging
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from pyinfra.api.operations import run_ops
 
 from pyinfra_gpunode.operations import cdi
 from tests.fleet.plugin import require_fleet
-from tests.fleet.roots import RootRecipe, ensure_root
+from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
 from tests.integration.gpu_state import DRIVER, cdi_spec, plant_gpu, plant_library, plant_module, write
 
 SPEC = "etc/cdi/nvidia.yaml"
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.fleet
 
 def two_gpu_spec() -> str:
     """What nvidia-ctk writes for two GPUs: devices 0, 1 and all (keys sorted)."""
-    second = '- containerEdits:\n    deviceNodes:\n    - hostPath: /dev/nvidia1\n      path: /dev/nvidia1\n'
+    second = "- containerEdits:\n    deviceNodes:\n    - hostPath: /dev/nvidia1\n      path: /dev/nvidia1\n"
     second += '  name: "1"\n'
     return cdi_spec().replace('  name: "0"\n', '  name: "0"\n' + second, 1)
 
@@ -38,13 +37,7 @@ def two_gpu_spec() -> str:
 @pytest.fixture
 def root(tmp_path: Path) -> Iterator[Path]:
     require_fleet()
-    lower = ensure_root(RootRecipe("trixie"))
-    merged, upper, work = (tmp_path / sub for sub in ("merged", "upper", "work"))
-    for path in (merged, upper, work):
-        path.mkdir()
-    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
-    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
-    try:
+    with writable_copy(ensure_root(RootRecipe("trixie")), tmp_path) as merged:
         for address in ("0000:41:00.0", "0000:42:00.0"):
             plant_gpu(merged / "sys/bus/pci/devices", address)
         plant_module(merged / "sys/module", merged / "proc/driver")
@@ -55,8 +48,6 @@ def root(tmp_path: Path) -> Iterator[Path]:
         )
         write(merged, "/usr/local/bin/nvidia-ctk", generate, 0o755)
         yield merged
-    finally:
-        subprocess.run(["umount", str(merged)], check=True)
 
 
 def spec_op(root: Path, execute: bool) -> State:

@@ -13,7 +13,7 @@ import pytest
 
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
 from tests.fleet.plugin import require_fleet
-from tests.fleet.roots import RootRecipe, ensure_root
+from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).with_name("pyinfra")
@@ -24,18 +24,8 @@ pytestmark = pytest.mark.fleet
 def chroot(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
     """A writable Debian root (overlay over the cached one) with containerd installed."""
     require_fleet()
-    lower = ensure_root(RootRecipe(request.param))
-    merged, upper, work = tmp_path / "merged", tmp_path / "upper", tmp_path / "work"
-    for path in (merged, upper, work):
-        path.mkdir()
-    subprocess.run(
-        ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={lower},upperdir={upper},workdir={work}", merged],
-        check=True,
-    )
-    try:
+    with writable_copy(ensure_root(RootRecipe(request.param)), tmp_path) as merged:
         yield merged
-    finally:
-        subprocess.run(["umount", merged], check=True)
 
 
 def pyinfra(root: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ import pytest
 
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
 from tests.fleet.plugin import require_fleet
-from tests.fleet.roots import RootRecipe, ensure_root
+from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).with_name("pyinfra")
@@ -36,18 +36,8 @@ pytestmark = pytest.mark.fleet
 def root(tmp_path: Path) -> Iterator[Path]:
     """A writable trixie root (overlay over the cached one) with containerd 1.7 and no nvidia runtime binary."""
     require_fleet()
-    lower = ensure_root(RootRecipe("trixie"))
-    merged, upper, work = tmp_path / "merged", tmp_path / "upper", tmp_path / "work"
-    for path in (merged, upper, work):
-        path.mkdir()
-    subprocess.run(
-        ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={lower},upperdir={upper},workdir={work}", merged],
-        check=True,
-    )
-    try:
+    with writable_copy(ensure_root(RootRecipe("trixie")), tmp_path) as merged:
         yield merged
-    finally:
-        subprocess.run(["umount", merged], check=True)
 
 
 def pyinfra(root: Path, *args: str) -> subprocess.CompletedProcess[str]:

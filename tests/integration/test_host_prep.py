@@ -48,6 +48,7 @@ for my $unit ("containerd.service", "kubelet.service", "nvidia-persistenced.serv
 """
 
 from tests.fleet.archive import debian_mirror  # noqa: E402
+from tests.fleet.roots import writable_copy  # noqa: E402
 
 logging.getLogger("paramiko").setLevel(logging.WARNING)
 
@@ -81,18 +82,8 @@ def base_root() -> Path:
 @pytest.fixture
 def node(base_root: Path, tmp_path: Path) -> Iterator[Path]:
     """A writable overlay copy of the root for one test."""
-    upper, work, merged = tmp_path / "upper", tmp_path / "work", tmp_path / "merged"
-    for path in (upper, work, merged):
-        path.mkdir()
-    subprocess.run(
-        ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={base_root},upperdir={upper},workdir={work}",
-         str(merged)],
-        check=True,
-    )  # fmt: skip
-    try:
+    with writable_copy(base_root, tmp_path) as merged:
         yield merged
-    finally:
-        subprocess.run(["umount", str(merged)], check=False)
 
 
 def sh(root: Path, command: str) -> str:

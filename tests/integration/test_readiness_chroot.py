@@ -13,13 +13,14 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pynvml
 import pytest
 
 from tests.fleet.plugin import require_fleet
-from tests.fleet.roots import RootRecipe, ensure_root
+from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
 from tests.integration.gpu_state import (
     DRIVER,
     cdi_spec,
@@ -126,20 +127,12 @@ def lower() -> Path:
 @pytest.fixture
 def roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
     """One writable overlay of the trixie root per node, its GPU state planted."""
-    mounted: dict[str, Path] = {}
-    try:
+    with ExitStack() as mounts:
+        mounted: dict[str, Path] = {}
         for name, (plant, _, _) in NODES.items():
-            merged, upper, work = (tmp_path / name / sub for sub in ("merged", "upper", "work"))
-            for path in (merged, upper, work):
-                path.mkdir(parents=True)
-            options = f"lowerdir={lower},upperdir={upper},workdir={work}"
-            subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
-            mounted[name] = merged
-            plant(merged)
+            mounted[name] = mounts.enter_context(writable_copy(lower, tmp_path / name))
+            plant(mounted[name])
         yield mounted
-    finally:
-        for merged in mounted.values():
-            subprocess.run(["umount", str(merged)], check=True)
 
 
 def readiness(roots: dict[str, Path], report: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,7 @@ import os
 import shlex
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,15 @@ def fingerprints(path: Path, tmp: Path) -> list[str]:
 
 
 @pytest.fixture
-def keys(tmp_path: Path) -> dict[str, object]:
+def keys(tmp_path: Path) -> Iterator[dict[str, object]]:
     home = tmp_path / "gnupg"
+    try:
+        yield _make_keys(home, tmp_path)
+    finally:  # key generation started a gpg-agent for this home: it must not outlive the test
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False)
+
+
+def _make_keys(home: Path, tmp_path: Path) -> dict[str, object]:
     home.mkdir(mode=0o700)
     (tmp_path / "home").mkdir()
     pinned = new_key(home, "Pinned <pinned@example.org>", subkey=True)
