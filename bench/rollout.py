@@ -86,16 +86,22 @@ def main() -> None:
         if booted:
             fleet.down()
 
-    print(f"no-op re-run         {noop:6.2f} s   floor (one trivial op) {floor:5.2f} s   "
-          f"ratio {noop / floor:4.2f}x   target <= 3x")
+    print(
+        f"no-op re-run         {noop:6.2f} s   floor (one trivial op) {floor:5.2f} s   "
+        f"ratio {noop / floor:4.2f}x   target <= 3x"
+    )
     for name in names:
         print(f"remote commands      {commands[name]:6d}     on {name} in a no-op run              target <= 12")
     print(f"rollout beyond floor {overhead:6.2f} s per node (restart-to-CRI floor subtracted)    target <= 2 s")
-    print(f"readiness report     {readiness:6.2f} s   floor (one trivial op) {floor:5.2f} s   "
-          f"ratio {readiness / floor:4.2f}x")
+    print(
+        f"readiness report     {readiness:6.2f} s   floor (one trivial op) {floor:5.2f} s   "
+        f"ratio {readiness / floor:4.2f}x"
+    )
     for name in names:
-        print(f"remote commands      {readiness_commands[name]:6d}     on {name} in the readiness report       "
-              "target <= 4")
+        print(
+            f"remote commands      {readiness_commands[name]:6d}     on {name} in the readiness report       "
+            "target <= 4"
+        )
 
 
 def _restart_to_ready(fleet: Fleet, name: str) -> float:

@@ -123,8 +123,10 @@ def _print(small: dict, big: dict, n_small: int, n_big: int) -> None:
     print(f"\n{'':<28}{n_small:>7} h  {n_big:>7} h   ratio")
     line("pyinfra one-op floor", "floor")
     line("no-op run", "noop", "target 30/3 <= 2x")
-    print(f"{'  no-op / floor':<28}{small['noop'] / small['floor']:7.2f} x {big['noop'] / big['floor']:7.2f} x"
-          "           target <= 1.5x")
+    print(
+        f"{'  no-op / floor':<28}{small['noop'] / small['floor']:7.2f} x {big['noop'] / big['floor']:7.2f} x"
+        "           target <= 1.5x"
+    )
     line("facts pass (--dry)", "facts")
     for key, label in (("first", "first rollout"), ("restart", "restart-only turn")):
         cells = []

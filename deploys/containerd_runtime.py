@@ -1,7 +1,7 @@
 """Register the nvidia runtime with containerd on every host of the inventory.
 
-    pyinfra -y INVENTORY deploys/containerd_runtime.py
-    pyinfra -y @chroot/<dir> deploys/containerd_runtime.py --data gpunode_containerd_restart=none
+pyinfra -y INVENTORY deploys/containerd_runtime.py
+pyinfra -y @chroot/<dir> deploys/containerd_runtime.py --data gpunode_containerd_restart=none
 """
 
 from pyinfra_gpunode.pipeline import nvidia_runtime_registered

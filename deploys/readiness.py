@@ -1,7 +1,7 @@
 """Report whether each GPU node is ready, link by link, changing nothing on any node.
 
-    pyinfra -y INVENTORY deploys/readiness.py                                   # exits non-zero if a node is not ready
-    pyinfra -y INVENTORY deploys/readiness.py --data gpunode_readiness_json=readiness.json
+pyinfra -y INVENTORY deploys/readiness.py                                   # exits non-zero if a node is not ready
+pyinfra -y INVENTORY deploys/readiness.py --data gpunode_readiness_json=readiness.json
 """
 
 from pyinfra_gpunode.readiness_deploy import node_readiness_reported

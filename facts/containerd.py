@@ -24,9 +24,9 @@ DEFAULT_CONFIG = f"{CONFIG_ROOT}/config.toml"
 _UNIT_CONFIG = (
     "cfg=$(systemctl show -p ExecStart --value containerd 2>/dev/null | "
     "sed -n 's/.*argv\\[\\]=\\([^;]*\\);.*/\\1/p' | "
-    "awk '{for (i = 1; i <= NF; i++) { if ($i == \"--config\" || $i == \"-c\") print $(i+1); "
+    'awk \'{for (i = 1; i <= NF; i++) { if ($i == "--config" || $i == "-c") print $(i+1); '
     "else if ($i ~ /^--config=/) print substr($i, 10) }}' | head -n 1); "
-    f'cfg=${{cfg:-{DEFAULT_CONFIG}}}'
+    f"cfg=${{cfg:-{DEFAULT_CONFIG}}}"
 )
 _CFG = '"$cfg"'  # the path _UNIT_CONFIG found, in later parts of the same command
 
@@ -99,7 +99,7 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
     @override
     def command(self) -> str:
         return (
-            f"{_UNIT_CONFIG}; echo \"main $cfg\"; "
+            f'{_UNIT_CONFIG}; echo "main $cfg"; '
             f'{{ echo "$cfg"; find -L {CONFIG_ROOT} -name "*.toml" -type f 2>/dev/null; }} | sort -u | '
             'while read -r f; do if [ -r "$f" ] && [ -f "$f" ]; then '
             'b=$(printf %s "$f" | base64 -w0); echo "file $(stat -c %Y "$f") $b $(base64 -w0 < "$f")"; '
@@ -161,7 +161,7 @@ class DumpInfo(TypedDict):
 def _dump_script(config: str) -> str:
     """Run ``config dump`` for ``config``; stdout, then stderr and the exit code behind markers."""
     return (
-        'err=$(mktemp) && { '
+        "err=$(mktemp) && { "
         f'containerd --config {config} config dump 2>"$err"; rc=$?; '
         'echo "### gpunode-stderr"; cat "$err"; echo "### gpunode-rc $rc"; rm -f "$err"; }'
     )
@@ -307,8 +307,9 @@ def _epoch(timestamp: str) -> float | None:
     return moment.replace(tzinfo=UTC).timestamp()
 
 
-def _restart_reason(load_state: str, active: str, sub: str, result: str,
-                    started_at: float | None, config_mtime: float | None) -> str | None:
+def _restart_reason(
+    load_state: str, active: str, sub: str, result: str, started_at: float | None, config_mtime: float | None
+) -> str | None:
     if load_state != "loaded":
         return None
     if active != "active":
@@ -321,9 +322,9 @@ def _restart_reason(load_state: str, active: str, sub: str, result: str,
 # Every containerd process and the unit whose cgroup it is in (cgroup v2 or v1's name=systemd line).
 _PROCESSES = (
     "echo Processes=$(for p in $(pgrep -x containerd 2>/dev/null); do "
-    "echo \"$p:$(awk -F: '$3 != \"/\" && ($2 == \"\" || $2 == \"name=systemd\") "
-    "{n = split($3, a, \"/\"); print a[n]; exit}' "
-    "/proc/$p/cgroup 2>/dev/null)\"; done)"
+    'echo "$p:$(awk -F: \'$3 != "/" && ($2 == "" || $2 == "name=systemd") '
+    '{n = split($3, a, "/"); print a[n]; exit}\' '
+    '/proc/$p/cgroup 2>/dev/null)"; done)'
 )
 
 
@@ -428,17 +429,19 @@ class ContainerdCriLoaded(FactBase[CriLoaded]):
     @override
     def command(self, address: str = DEFAULT_ADDRESS) -> str:
         ctr = f"timeout 10 ctr --address {shlex.quote(address)} plugins ls"
-        return "; ".join([
-            marker("journal"),
-            "id=$(systemctl show -p InvocationID --value containerd 2>/dev/null)",
-            'if [ -n "$id" ]; then journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | '
-            "grep -E 'failed to load plugin io.containerd.(grpc.v1.cri|cri)|"
-            "Start cri plugin with config|starting cri plugin' || true; fi",
-            marker("ctr"),
-            "if command -v ctr >/dev/null 2>&1; then "
-            f"{ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) ' || true; "
-            f"{ctr} -d id==cri 2>/dev/null | grep 'Message:' || true; fi",
-        ])
+        return "; ".join(
+            [
+                marker("journal"),
+                "id=$(systemctl show -p InvocationID --value containerd 2>/dev/null)",
+                'if [ -n "$id" ]; then journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | '
+                "grep -E 'failed to load plugin io.containerd.(grpc.v1.cri|cri)|"
+                "Start cri plugin with config|starting cri plugin' || true; fi",
+                marker("ctr"),
+                "if command -v ctr >/dev/null 2>&1; then "
+                f"{ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) ' || true; "
+                f"{ctr} -d id==cri 2>/dev/null | grep 'Message:' || true; fi",
+            ]
+        )
 
     @override
     def process(self, output: list[str]) -> CriLoaded:
@@ -476,18 +479,20 @@ class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
     @override
     def command(self, binary: str) -> str:
         has_containerd = "command -v containerd >/dev/null 2>&1"
-        return "; ".join([
-            marker("version"),
-            f"if {has_containerd}; then containerd --version; fi",
-            marker("files"),
-            ContainerdConfigFiles().command(),
-            marker("dump"),
-            f"if {has_containerd}; then {_dump_script(_CFG)}; fi",
-            marker("binary"),
-            f"if [ -e {shlex.quote(binary)} ]; then echo present; fi",
-            marker("service"),
-            f"if command -v systemctl >/dev/null 2>&1; then {ContainerdService().command()}; fi",
-        ])
+        return "; ".join(
+            [
+                marker("version"),
+                f"if {has_containerd}; then containerd --version; fi",
+                marker("files"),
+                ContainerdConfigFiles().command(),
+                marker("dump"),
+                f"if {has_containerd}; then {_dump_script(_CFG)}; fi",
+                marker("binary"),
+                f"if [ -e {shlex.quote(binary)} ]; then echo present; fi",
+                marker("service"),
+                f"if command -v systemctl >/dev/null 2>&1; then {ContainerdService().command()}; fi",
+            ]
+        )
 
     @override
     def process(self, output: list[str]) -> ContainerdNodeStateInfo:

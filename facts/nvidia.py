@@ -100,6 +100,7 @@ class ToolkitInfo(TypedDict):
     keyring_fingerprints: list[str]
     repo_list: str | None
 
+
 # ---- shell parts, shared by the facts below and the combined NvidiaHostState --------------
 
 DRIVER_SCRIPT = "; ".join(

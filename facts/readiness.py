@@ -27,7 +27,7 @@ _HAS = "command -v {} >/dev/null 2>&1"
 _JOURNAL = "journalctl --no-pager -q -o short-iso-precise"
 
 XID_SCRIPT = (
-    f"if {_HAS.format('journalctl')} && [ -n \"$(journalctl -k -b -n 1 --no-pager -q 2>/dev/null)\" ]; then "
+    f'if {_HAS.format("journalctl")} && [ -n "$(journalctl -k -b -n 1 --no-pager -q 2>/dev/null)" ]; then '
     f"echo source=journal; {_JOURNAL} -k -b; "
     "elif dmesg >/dev/null 2>&1; then echo source=dmesg; dmesg; fi | "
     "awk '/^source=/ {print; next} /NVRM: Xid/ {n++; last[n] = $0} "
@@ -40,11 +40,11 @@ SIGNALS_SCRIPT = (
 )
 VALIDATIONS_SCRIPT = (
     f"if [ -d {VALIDATIONS_DIR} ]; then echo dir; "
-    f"for f in {VALIDATIONS_DIR}/*; do if [ -e \"$f\" ]; then echo \"${{f##*/}}\"; fi; done; fi"
+    f'for f in {VALIDATIONS_DIR}/*; do if [ -e "$f" ]; then echo "${{f##*/}}"; fi; done; fi'
 )
 DEVICE_PLUGIN_SCRIPT = (
     f"if [ -d {DEVICE_PLUGIN_DIR} ]; then echo dir; "
-    f"for s in {DEVICE_PLUGIN_DIR}/nvidia-*.sock; do if [ -S \"$s\" ]; then echo \"${{s##*/}}\"; fi; done; fi"
+    f'for s in {DEVICE_PLUGIN_DIR}/nvidia-*.sock; do if [ -S "$s" ]; then echo "${{s##*/}}"; fi; done; fi'
 )
 
 _SIGNAL = re.compile(r"Sent signal (SIG[A-Z0-9+]+) to main process|code=(?:killed|dumped), status=\d+/(\w+)")

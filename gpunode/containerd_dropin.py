@@ -121,9 +121,12 @@ _TEMPLATE = Environment(
 
 def _render(data: dict[str, Any], account: list[str], carried: dict[str, str] | None = None) -> str:
     body = tomlkit.dumps(_sorted(data))
-    provenance = [] if carried is None else [PROVENANCE_HEAD] + [
-        PROVENANCE + json.dumps({"file": path, "keys": keys}) for path, keys in _by_file(carried).items()
-    ]
+    provenance = (
+        []
+        if carried is None
+        else [PROVENANCE_HEAD]
+        + [PROVENANCE + json.dumps({"file": path, "keys": keys}) for path, keys in _by_file(carried).items()]
+    )
     text = _TEMPLATE.render(account=account, provenance=provenance, body=body)
     if tomllib.loads(text) != data:
         raise RuntimeError("rendered drop-in does not parse back to the intended configuration")
@@ -149,7 +152,7 @@ def carried_from(text: str | None) -> dict[str, str] | None:
             continue
         found = found if found is not None else {}
         try:
-            entry = json.loads(line[len(PROVENANCE):])
+            entry = json.loads(line[len(PROVENANCE) :])
         except ValueError:
             continue
         if (
@@ -392,7 +395,8 @@ def _plan_full_cri(
         if missing:
             runtimes["runc"] = {**missing, **runtimes["runc"]}
             result.account.append(
-                "runtime runc: " + ", ".join(f"{key} = {value}" for key, value in missing.items())
+                "runtime runc: "
+                + ", ".join(f"{key} = {value}" for key, value in missing.items())
                 + " as containerd fills them in (no file sets them)"
             )
     runtimes[RUNTIME], line = _nvidia_runtime(runtimes, runc, options, result.user_set)
@@ -403,13 +407,14 @@ def _plan_full_cri(
     default = containerd.get("default_runtime_name", "runc")
     if default not in runtimes:
         setter = next(
-            (f["path"] for f in reversed(others)
-             if "default_runtime_name" in _cri_table(f, CRI_V2).get("containerd", {})),
+            (
+                f["path"]
+                for f in reversed(others)
+                if "default_runtime_name" in _cri_table(f, CRI_V2).get("containerd", {})
+            ),
             "config",
         )
-        result.errors.append(
-            f"{setter}: key 'default_runtime_name' = {default!r} names no runtime defined in any file"
-        )
+        result.errors.append(f"{setter}: key 'default_runtime_name' = {default!r} names no runtime defined in any file")
         return
     if version["minor"] >= 7:
         cri["enable_cdi"] = True
@@ -418,8 +423,7 @@ def _plan_full_cri(
     else:
         result.account.append("containerd 1.6 has no CDI switch; enable_cdi not written")
     result.account.append(
-        "containerd 1.x: this file owns the whole CRI plugin and loads last; "
-        "other files' CRI keys are carried here"
+        "containerd 1.x: this file owns the whole CRI plugin and loads last; other files' CRI keys are carried here"
     )
     result.dropin_data = {"version": 2, "plugins": {CRI_V2: cri}}
     result.intended = flatten(cri)
@@ -435,8 +439,13 @@ def _drop_removed(result: Plan, texts: dict[str, str], others: list[ConfigFile],
     present = {config["path"] for config in others}
     result.dropped = {key: path for key, path in sources.items() if key not in result.intended}
     for path, keys in _by_file(result.dropped).items():
-        why = ("which was removed" if path not in texts
-               else "which is no longer imported" if path not in present else "which no longer sets them")
+        why = (
+            "which was removed"
+            if path not in texts
+            else "which is no longer imported"
+            if path not in present
+            else "which no longer sets them"
+        )
         result.dropped_lines.append(f"dropped {', '.join(keys)} carried from {path}, {why}")
 
 
@@ -450,7 +459,8 @@ def _plan_owned_keys(
         merged = deep_merge(merged, _cri_table(config, plugin))
     runtimes = merged.get("containerd", {}).get("runtimes", {})
     result.sources = [
-        config["path"] for config in others
+        config["path"]
+        for config in others
         if {"runc", RUNTIME} & set(_cri_table(config, plugin).get("containerd", {}).get("runtimes", {}))
     ]
     nvidia, line = _nvidia_runtime(runtimes, runc, options, result.user_set)

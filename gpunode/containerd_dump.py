@@ -113,9 +113,7 @@ def _normal(key: str, value: Any) -> Any:
 
 def _cri_leaves(dump: dict[str, Any]) -> dict[str, Any]:
     return {
-        f"{plugin}:{key}": value
-        for plugin, table in cri_tables(dump).items()
-        for key, value in flatten(table).items()
+        f"{plugin}:{key}": value for plugin, table in cri_tables(dump).items() for key, value in flatten(table).items()
     }
 
 
@@ -150,7 +148,8 @@ def candidate_losses(
     summary_before, summary_after = summarize(before), summarize(after)
     runtimes = summary_after["runtimes"]
     removed = [
-        f"containerd.runtimes.{name}." for name in summary_before["runtimes"]
+        f"containerd.runtimes.{name}."
+        for name in summary_before["runtimes"]
         if name not in runtimes and any(key.startswith(f"containerd.runtimes.{name}.") for key in dropped)
     ]
     if RUNTIME not in runtimes:
@@ -311,7 +310,6 @@ def parse_cri_loaded(journal: list[str], ctr: list[str]) -> CriLoaded:
         detail = "; ".join(messages) or f"CRI plugin status {', '.join(statuses)}"
         return _cri_loaded(False, error=f"ctr plugins ls: {detail}", source=CTR)
     return _cri_loaded(True, source=CTR)
-
 
 
 def expected_after_restart(summary: DumpSummary, previous: CriLoaded, dropped: Collection[str] = ()) -> CriLoaded:

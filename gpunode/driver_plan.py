@@ -312,8 +312,10 @@ def plan_driver(
         if version is None:
             hint = ""
             if host.distro == "debian" and not available.get(lead):
-                hint = (" (Debian carries it in the non-free component: add `contrib non-free "
-                        "non-free-firmware` to the node's apt sources and run apt-get update)")
+                hint = (
+                    " (Debian carries it in the non-free component: add `contrib non-free "
+                    "non-free-firmware` to the node's apt sources and run apt-get update)"
+                )
             return DriverPlan(error=f"the package index offers no {lead} on branch {request.branch}{hint}")
     packages: dict[str, str] = {}
     for name in userspace:

@@ -172,16 +172,15 @@ def _driver_ready(values: dict[str, Any]) -> bool:
         driver = host.get_fact(NvidiaDriver)
         loaded, userspace = driver["kernel_module_version"], driver["userspace_version"]
         report.driver_ready = bool(loaded and userspace and not driver["mismatch"])
-        source, _ = resolve_source(
-            values["gpunode_driver_source"], check_request(_driver_request(values)), loaded
-        )
+        source, _ = resolve_source(values["gpunode_driver_source"], check_request(_driver_request(values)), loaded)
         if source == "preinstalled":
             report.skipped.append(f"driver {loaded} ({driver['module_flavor'] or 'unknown flavour'}) preinstalled")
         if loaded and not userspace:
             report.pending.append(f"driver {loaded} loaded, but the loader finds no libnvidia-ml.so.1")
             report.skipped.append("Fabric Manager, toolkit, CDI: no NVIDIA userspace library")
-            logger.warning("%sno NVIDIA userspace library: Fabric Manager, toolkit and CDI steps skipped",
-                           host.print_prefix)
+            logger.warning(
+                "%sno NVIDIA userspace library: Fabric Manager, toolkit and CDI steps skipped", host.print_prefix
+            )
         elif not report.driver_ready:
             report.pending.append(f"reboot: driver {userspace or '?'} installed, {loaded or 'no module'} loaded")
             report.skipped.append("Fabric Manager, toolkit, CDI: reboot pending")

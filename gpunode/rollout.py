@@ -61,9 +61,9 @@ def summary_table(reports: dict[str, NodeReport], width: int = SUMMARY_WIDTH) ->
 
 def _wrapped(text: str, width: int, first: str, rest: str) -> list[str]:
     """``text`` wrapped at spaces (a word longer than a line is cut) to lines of ``width`` columns at most."""
-    return textwrap.wrap(
-        text or "-", width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
-    ) or [first.rstrip()]
+    return textwrap.wrap(text or "-", width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False) or [
+        first.rstrip()
+    ]
 
 
 class NodeSettings(TypedDict):

@@ -1,6 +1,6 @@
 """The shape of a real cluster's inventory: GPU node groups, their data, strict host keys.
 
-    pyinfra inventories/example.py deploys/gpu_node.py --dry
+pyinfra inventories/example.py deploys/gpu_node.py --dry
 """
 
 _ssh = {

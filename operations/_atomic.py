@@ -24,9 +24,18 @@ def write_file(
         )
     yield FileUploadCommand(StringIO(text), temp)
     yield StringCommand(
-        "chown", QuoteString(f"{user}:{group}"), QuoteString(temp),
-        "&&", "chmod", QuoteString(mode), QuoteString(temp),
-        "&&", "mv", "-f", QuoteString(temp), QuoteString(dest),
+        "chown",
+        QuoteString(f"{user}:{group}"),
+        QuoteString(temp),
+        "&&",
+        "chmod",
+        QuoteString(mode),
+        QuoteString(temp),
+        "&&",
+        "mv",
+        "-f",
+        QuoteString(temp),
+        QuoteString(dest),
     )
 
 

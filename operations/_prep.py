@@ -22,7 +22,9 @@ from pyinfra_gpunode.operations._internals import current_host, current_state, o
 
 NOUVEAU_CONF = "/etc/modprobe.d/gpunode-blacklist-nouveau.conf"
 _SINGLE: dict[str, type[FactBase[Any]]] = {
-    "kernel": KernelState, "unattended": UnattendedUpgradesState, "nouveau": NouveauBlacklist,
+    "kernel": KernelState,
+    "unattended": UnattendedUpgradesState,
+    "nouveau": NouveauBlacklist,
 }
 
 

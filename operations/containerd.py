@@ -71,11 +71,14 @@ class Registration:
     def diff(self) -> str:
         """The planned changes as a unified diff, credential values redacted."""
         return "".join(
-            "".join(difflib.unified_diff(
-                redacted(self.current.get(path, "")).splitlines(keepends=True),
-                redacted(text).splitlines(keepends=True),
-                fromfile=f"{path} (node)", tofile=f"{path} (planned{self._mode_note(path)})",
-            ))
+            "".join(
+                difflib.unified_diff(
+                    redacted(self.current.get(path, "")).splitlines(keepends=True),
+                    redacted(text).splitlines(keepends=True),
+                    fromfile=f"{path} (node)",
+                    tofile=f"{path} (planned{self._mode_note(path)})",
+                )
+            )
             for path, text in self.writes.items()
         )
 
@@ -98,8 +101,9 @@ def registration(
     node = host.get_fact(ContainerdNodeState, binary=binary)
     version, files, before = node["version"], node["files"], node["dump"]
     if not version:
-        return Registration("containerd is not installed: install it before registering the nvidia runtime",
-                            installed=False)
+        return Registration(
+            "containerd is not installed: install it before registering the nvidia runtime", installed=False
+        )
     options = Options(
         binary=binary,
         systemd_cgroup=systemd_cgroup,
@@ -121,11 +125,14 @@ def registration(
         if binary_required:
             return Registration(f"containerd config not changed: {message} (gpunode_runtime_binary_required)")
         if default_runtime:
-            return Registration(f"containerd config not changed: {message}, and making nvidia the default "
-                                "runtime (gpunode_nvidia_default_runtime) would fail every pod without a "
-                                "RuntimeClass: install the runtime first")
-        logger.warning("%s%s; containers using the nvidia runtime will fail until it is installed",
-                       host.print_prefix, message)
+            return Registration(
+                f"containerd config not changed: {message}, and making nvidia the default "
+                "runtime (gpunode_nvidia_default_runtime) would fail every pod without a "
+                "RuntimeClass: install the runtime first"
+            )
+        logger.warning(
+            "%s%s; containers using the nvidia runtime will fail until it is installed", host.print_prefix, message
+        )
 
     # A written file is as strict as the files whose keys it carries (registry credentials).
     modes = {
@@ -142,9 +149,12 @@ def registration(
         return Registration(service=node["service"])
     links = links_in_the_way(list(writes), files["links"])
     if links:
-        return Registration("containerd config not changed: " + "; ".join(links)
-                            + ": gpunode writes real files only, never through a link; "
-                            "replace the link with the file or directory it points to")
+        return Registration(
+            "containerd config not changed: "
+            + "; ".join(links)
+            + ": gpunode writes real files only, never through a link; "
+            "replace the link with the file or directory it points to"
+        )
 
     after = host.get_fact(
         ContainerdCandidateDump,
@@ -154,19 +164,29 @@ def registration(
     )
     found = Registration(writes=writes, current=current, modes={path: modes[path] for path in writes})
     if after is None or after["error"]:
-        found.problem = ("containerd config not changed: containerd rejects the candidate config: "
-                         f"{after['error'] if after else 'no dump'}")
+        found.problem = (
+            "containerd config not changed: containerd rejects the candidate config: "
+            f"{after['error'] if after else 'no dump'}"
+        )
         return found
     losses = candidate_losses(
-        before_dump, after["dump"], before["warnings"] if before else [], after["warnings"], result.intended, binary,
-        result.user_set, result.dropped,
+        before_dump,
+        after["dump"],
+        before["warnings"] if before else [],
+        after["warnings"],
+        result.intended,
+        binary,
+        result.user_set,
+        result.dropped,
     )
     if losses:
         found.problem = "containerd config not changed: the candidate would lose: " + "; ".join(losses)
         if result.provenance_unknown:
-            found.problem += (f" ({OUR_DROPIN} does not record which file each key it carries came from, so a "
-                              "removed drop-in cannot be told from a loss: put the drop-in back, run once, then "
-                              "remove it again)")
+            found.problem += (
+                f" ({OUR_DROPIN} does not record which file each key it carries came from, so a "
+                "removed drop-in cannot be told from a loss: put the drop-in back, run once, then "
+                "remove it again)"
+            )
         return found
     assert after["summary"] is not None  # a dump without an error has its summary
     found.service = node["service"]
@@ -273,10 +293,27 @@ def config_backed_up(path: str) -> Generator[Any, Any, None]:
     files = host.get_fact(ContainerdConfigFiles)
     partial = f"{path}.partial"
     yield StringCommand(
-        "umask", "077", "&&", "install", "-d", "-m", "0700", QuoteString(posixpath.dirname(path)), "&&",
-        "tar", "-C", "/", "--ignore-failed-read", "-cf", QuoteString(partial),
-        *(QuoteString(item.lstrip("/")) for item in backup_paths(files["main_path"])), "&&",
-        "mv", "-f", QuoteString(partial), QuoteString(path),
+        "umask",
+        "077",
+        "&&",
+        "install",
+        "-d",
+        "-m",
+        "0700",
+        QuoteString(posixpath.dirname(path)),
+        "&&",
+        "tar",
+        "-C",
+        "/",
+        "--ignore-failed-read",
+        "-cf",
+        QuoteString(partial),
+        *(QuoteString(item.lstrip("/")) for item in backup_paths(files["main_path"])),
+        "&&",
+        "mv",
+        "-f",
+        QuoteString(partial),
+        QuoteString(path),
     )
 
 
@@ -303,14 +340,31 @@ _RESTART_AND_WAIT = (
 def _restore(backup: str, paths: list[str], failure: str) -> StringCommand:
     """Put ``paths`` back as ``backup`` holds them (removing those it lacks); the failed files go aside."""
     return StringCommand(
-        "umask 077; t=$(mktemp -d /etc/.gpunode-restore.XXXXXX) && {", "tar", "-C", '"$t"', "-xf", QuoteString(backup),
-        "&&", f"aside={FAILED_DIR}/containerd-$(date -u +%Y%m%dT%H%M%S.%NZ)", "&&",
-        "install", "-d", "-m", "0700", FAILED_DIR, '"$aside"', "&&",
-        "ok=1 && for p in", *(QuoteString(path) for path in paths), "; do",
+        "umask 077; t=$(mktemp -d /etc/.gpunode-restore.XXXXXX) && {",
+        "tar",
+        "-C",
+        '"$t"',
+        "-xf",
+        QuoteString(backup),
+        "&&",
+        f"aside={FAILED_DIR}/containerd-$(date -u +%Y%m%dT%H%M%S.%NZ)",
+        "&&",
+        "install",
+        "-d",
+        "-m",
+        "0700",
+        FAILED_DIR,
+        '"$aside"',
+        "&&",
+        "ok=1 && for p in",
+        *(QuoteString(path) for path in paths),
+        "; do",
         'if [ -e "$p" ] || [ -L "$p" ]; then mkdir -p "$aside$(dirname "$p")" && mv "$p" "$aside$p" || ok=0; fi;',
         'if [ -e "$t$p" ] || [ -L "$t$p" ]; then mv "$t$p" "$p" || ok=0; fi; done &&',
         'chmod -R go-rwx "$aside" && [ "$ok" = 1 ];',
-        '} || { rm -rf "$t"; echo', QuoteString(failure), '>&2; exit 1; }; rm -rf "$t"',
+        '} || { rm -rf "$t"; echo',
+        QuoteString(failure),
+        '>&2; exit 1; }; rm -rf "$t"',
     )
 
 
@@ -369,8 +423,10 @@ def restarted_if_pending(
         return
     failed = f"containerd failed after the restart: {problem}"
     if backup is None:
-        yield fail(f"{failed}; nothing was restored: this run wrote no containerd config on this node "
-                   f"(the restart was due because {service['restart_reason']})")
+        yield fail(
+            f"{failed}; nothing was restored: this run wrote no containerd config on this node "
+            f"(the restart was due because {service['restart_reason']})"
+        )
         return
     if not host.get_fact(File, path=backup):
         yield fail(f"{failed}; nothing was restored: the backup {backup} is missing")
@@ -379,8 +435,10 @@ def restarted_if_pending(
     yield restart
     problem_after_rollback, _ = _problem(previous, address)
     if problem_after_rollback is None:
-        yield fail(f"{failed}; the config this run wrote was replaced by the backup taken before it "
-                   "and containerd runs it again")
+        yield fail(
+            f"{failed}; the config this run wrote was replaced by the backup taken before it "
+            "and containerd runs it again"
+        )
     else:
         yield fail(f"{failed}; after restoring the backup taken before this run's write: {problem_after_rollback}")
 

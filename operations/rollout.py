@@ -60,8 +60,8 @@ _TAKE_LOCK = (
     'mkdir -p "$(dirname "$1")" && p=$PPID; '
     'while c=$(cat /proc/$p/comm 2>/dev/null); do case "$c" in sh|bash|dash|sudo|su|doas|chroot|env|timeout) '
     "p=$(cut -d' ' -f4 /proc/$p/stat);; *) break;; esac; done; "
-    "sh -c 'exec 9<>\"$1\" && flock -w 10 9 && printf \"%s\\n%s\\n\" \"$2\" \"$$\" > \"$1\" && "
-    "while kill -0 \"$3\" 2>/dev/null; do sleep 1 9>&-; done' gpunode-lock \"$1\" \"$2\" \"$p\" "
+    'sh -c \'exec 9<>"$1" && flock -w 10 9 && printf "%s\\n%s\\n" "$2" "$$" > "$1" && '
+    'while kill -0 "$3" 2>/dev/null; do sleep 1 9>&-; done\' gpunode-lock "$1" "$2" "$p" '
     "</dev/null >/dev/null 2>&1 & w=$!; "
     'i=0; while [ "$i" -lt 1500 ]; do [ "$(head -n 1 "$1" 2>/dev/null)" = "$2" ] && exit 0; '
     'kill -0 "$w" 2>/dev/null || break; sleep 0.01; i=$((i + 1)); done; '
@@ -382,4 +382,3 @@ def _hook(
 def _log_output(node: Host, which: str, output: str) -> None:
     for line in output.rstrip().splitlines():
         logger.info("%s%s-hook | %s", node.print_prefix, which, line)
-

@@ -26,7 +26,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gpunode", "verification of GPU nodes (pyinfra_gpunode.verify)")
     group.addoption("--inventory", help="pyinfra inventory (.py) of the nodes to verify")
     group.addoption(
-        "--gpunode-checks", default=",".join(CHECKS),
+        "--gpunode-checks",
+        default=",".join(CHECKS),
         help=f"comma-separated check groups to run, of {', '.join(CHECKS)} (default: all)",
     )
 

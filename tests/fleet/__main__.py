@@ -26,7 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("up", "down", "status"))
     parser.add_argument("--fleet", default="default", help="fleet name (default: %(default)s)")
     parser.add_argument(
-        "--host", action="append", type=parse_host, metavar="NAME=RELEASE[:vm]",
+        "--host",
+        action="append",
+        type=parse_host,
+        metavar="NAME=RELEASE[:vm]",
         help="host to boot, repeatable (default: node1=trixie node2=trixie node3=sid)",
     )
     args = parser.parse_args(argv)

@@ -36,12 +36,12 @@ def write_ssh_config(path: Path, hosts: Sequence[HostState], key: Path, known_ho
 def write_inventory(path: Path, hosts: Sequence[HostState], key: Path, known_hosts: Path) -> None:
     entries = [
         f"    ({host.name!r}, {{\n"
-        f"        \"ssh_hostname\": \"127.0.0.1\",\n"
-        f"        \"ssh_port\": {host.port},\n"
-        f"        \"ssh_user\": \"root\",\n"
-        f"        \"ssh_key\": {str(key)!r},\n"
-        f"        \"ssh_known_hosts_file\": {str(known_hosts)!r},\n"
-        f"        \"ssh_strict_host_key_checking\": \"yes\",\n"
+        f'        "ssh_hostname": "127.0.0.1",\n'
+        f'        "ssh_port": {host.port},\n'
+        f'        "ssh_user": "root",\n'
+        f'        "ssh_key": {str(key)!r},\n'
+        f'        "ssh_known_hosts_file": {str(known_hosts)!r},\n'
+        f'        "ssh_strict_host_key_checking": "yes",\n'
         f"    }}),\n"
         for host in hosts
     ]

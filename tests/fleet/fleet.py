@@ -1,10 +1,10 @@
 """A fleet of test hosts: boot, reach over SSH, reset and tear down.
 
-    fleet = Fleet()            # node1 (trixie), node2 (trixie), node3 (sid), systemd-nspawn
-    fleet.up()                 # idempotent: boots only what is not running
-    fleet.run("node1", "systemctl is-active containerd")
-    fleet.reset(["node1"])     # fresh disk, same keys and machine-id
-    fleet.down()               # idempotent: stops only what the harness started
+fleet = Fleet()            # node1 (trixie), node2 (trixie), node3 (sid), systemd-nspawn
+fleet.up()                 # idempotent: boots only what is not running
+fleet.run("node1", "systemctl is-active containerd")
+fleet.reset(["node1"])     # fresh disk, same keys and machine-id
+fleet.down()               # idempotent: stops only what the harness started
 """
 
 from __future__ import annotations
@@ -143,7 +143,9 @@ class Fleet:
         """Run ``command`` on host ``name`` over SSH (strict host keys); never raises on failure."""
         return subprocess.run(
             ["ssh", "-F", str(self.ssh_config_path), name, command],
-            capture_output=True, text=True, timeout=timeout,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
 
     def _states(self) -> list[HostState]:
@@ -184,7 +186,8 @@ class Fleet:
         relay = processes.start(
             "archive-relay",
             [
-                "socat", f"UNIX-LISTEN:{self.directory / 'archive.sock'},fork,unlink-early",
+                "socat",
+                f"UNIX-LISTEN:{self.directory / 'archive.sock'},fork,unlink-early",
                 f"TCP:{archive_host()}:80",
             ],
             self.directory / "archive-relay.log",
@@ -259,4 +262,3 @@ def _free_port() -> int:
 def _console_tail(state: HostState) -> str:
     console = state.directory / "console.log"
     return console.read_text(errors="replace")[-2000:] if console.exists() else "(no console output)"
-

@@ -46,9 +46,19 @@ def boot(state: HostState, root: Path, archive_socket: Path) -> None:
     subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
     cgroup_procs = " ".join(str(p / "cgroup.procs") for p in cgroups.create(state.name))
     nspawn = [
-        "systemd-nspawn", "--quiet", "-D", str(d / "merged"), "--boot", "-M", state.name,
-        "--register=no", "--keep-unit", "--link-journal=no", "--resolv-conf=off",
-        "--console=read-only", f"--network-namespace-path=/run/netns/{netns}",
+        "systemd-nspawn",
+        "--quiet",
+        "-D",
+        str(d / "merged"),
+        "--boot",
+        "-M",
+        state.name,
+        "--register=no",
+        "--keep-unit",
+        "--link-journal=no",
+        "--resolv-conf=off",
+        "--console=read-only",
+        f"--network-namespace-path=/run/netns/{netns}",
         f"--bind={d / 'containerd'}:/var/lib/containerd",
     ]
     ssh_socket = d / "ssh.sock"
@@ -56,12 +66,15 @@ def boot(state: HostState, root: Path, archive_socket: Path) -> None:
     log = d / "relays.log"
     state.processes = [
         processes.start(
-            "nspawn", ["sh", "-c", WRAPPER, "nspawn-wrapper", *nspawn], d / "console.log",
+            "nspawn",
+            ["sh", "-c", WRAPPER, "nspawn-wrapper", *nspawn],
+            d / "console.log",
             env={"FLEET_CGROUP_PROCS": cgroup_procs, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"},
         ),
         processes.start(
             "ssh-relay-inside",
-            [*in_netns, "socat", f"UNIX-LISTEN:{ssh_socket},fork,unlink-early", "TCP:127.0.0.1:22"], log,
+            [*in_netns, "socat", f"UNIX-LISTEN:{ssh_socket},fork,unlink-early", "TCP:127.0.0.1:22"],
+            log,
         ),
         processes.start(
             "ssh-relay",
@@ -71,7 +84,9 @@ def boot(state: HostState, root: Path, archive_socket: Path) -> None:
         processes.start(
             "archive-relay-inside",
             [
-                *in_netns, "socat", "TCP-LISTEN:80,bind=127.0.0.1,fork,reuseaddr",
+                *in_netns,
+                "socat",
+                "TCP-LISTEN:80,bind=127.0.0.1,fork,reuseaddr",
                 f"UNIX-CONNECT:{archive_socket}",
             ],
             log,

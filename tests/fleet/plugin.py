@@ -85,8 +85,18 @@ def verify(tmp_path_factory: pytest.TempPathFactory) -> Verify:
     ) -> subprocess.CompletedProcess[str]:
         selection = ["-k", " or ".join(f"[{name}]" for name in hosts)] if hosts else []
         command = [
-            python, "-m", "pytest", "--pyargs", "pyinfra_gpunode.verify", "--inventory", str(fleet.inventory_path),
-            f"--gpunode-checks={checks}", "-p", "no:cacheprovider", "-v", *selection,
+            python,
+            "-m",
+            "pytest",
+            "--pyargs",
+            "pyinfra_gpunode.verify",
+            "--inventory",
+            str(fleet.inventory_path),
+            f"--gpunode-checks={checks}",
+            "-p",
+            "no:cacheprovider",
+            "-v",
+            *selection,
         ]
         return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=outside)
 

@@ -34,9 +34,7 @@ class Recorded:
         return cls(**json.loads(text))
 
 
-def start(
-    role: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
-) -> Recorded:
+def start(role: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None) -> Recorded:
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             list(argv),

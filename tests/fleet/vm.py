@@ -37,13 +37,39 @@ def boot(state: HostState, root: Path) -> None:
         f"guestfwd=tcp:{ARCHIVE_ADDRESS}:80-cmd:socat STDIO TCP:{archive_host()}:80"
     )
     qemu = [
-        "qemu-system-x86_64", "-name", state.name, "-accel", "tcg,tb-size=128", "-smp", "1", "-m", "1024",
-        "-device", "pvpanic", "-action", "panic=exit-failure", "-display", "none",
-        "-serial", f"file:{d / 'console.log'}", "-monitor", "none",
-        "-kernel", str(_newest(root / "boot", "vmlinuz-*")),
-        "-initrd", str(_newest(root / "boot", "initrd.img-*")), "-append", kernel_args,
-        "-netdev", netdev, "-device", "virtio-net-pci,netdev=n0", "-device", "virtio-rng-pci",
-        "-drive", f"file={disk},if=virtio,format=qcow2,discard=unmap",
+        "qemu-system-x86_64",
+        "-name",
+        state.name,
+        "-accel",
+        "tcg,tb-size=128",
+        "-smp",
+        "1",
+        "-m",
+        "1024",
+        "-device",
+        "pvpanic",
+        "-action",
+        "panic=exit-failure",
+        "-display",
+        "none",
+        "-serial",
+        f"file:{d / 'console.log'}",
+        "-monitor",
+        "none",
+        "-kernel",
+        str(_newest(root / "boot", "vmlinuz-*")),
+        "-initrd",
+        str(_newest(root / "boot", "initrd.img-*")),
+        "-append",
+        kernel_args,
+        "-netdev",
+        netdev,
+        "-device",
+        "virtio-net-pci,netdev=n0",
+        "-device",
+        "virtio-rng-pci",
+        "-drive",
+        f"file={disk},if=virtio,format=qcow2,discard=unmap",
     ]
     state.processes = [processes.start("qemu", qemu, d / "qemu.log")]
     state.save()
@@ -73,7 +99,8 @@ def _make_base_image(state: HostState, root: Path) -> None:
     try:
         subprocess.run(
             ["mkfs.ext4", "-q", "-F", "-L", state.name, "-d", str(view), str(d / "base.raw"), IMAGE_SIZE],
-            check=True, capture_output=True,
+            check=True,
+            capture_output=True,
         )
     finally:
         if is_mounted(view):

@@ -28,7 +28,11 @@ def deploy(fleet: Fleet) -> subprocess.CompletedProcess[str]:
     pyinfra = Path(sys.executable).with_name("pyinfra")
     return subprocess.run(
         [str(pyinfra), "-y", "--limit", NODE, str(fleet.inventory_path), "deploys/containerd_runtime.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
     )
 
 

@@ -19,7 +19,10 @@ def deploy(fleet: Fleet) -> subprocess.CompletedProcess[str]:
     pyinfra = Path(sys.executable).with_name("pyinfra")
     return subprocess.run(
         [str(pyinfra), "-y", str(fleet.inventory_path), "deploys/containerd_runtime.py"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 

@@ -71,9 +71,7 @@ def scenario(name: str, version: str) -> tuple[dict[str, str], Expect]:
     if name == "main_cri":
         schema = 3 if version == "2.1.9" else 2
         marker = (
-            {"device_ownership_from_security_context": True}
-            if schema == 3
-            else {"max_container_log_line_size": 12345}
+            {"device_ownership_from_security_context": True} if schema == 3 else {"max_container_log_line_size": 12345}
         )
         return {CONFIG: main_with_cri(schema)}, Expect(
             config_path="/etc/containerd/certs.d-main", nvidia_systemd_cgroup=True, markers=marker
@@ -173,8 +171,14 @@ def candidate(host: ScenarioHost, result: Plan, config_text: str | None = None, 
 
 def losses(before: dict, after: dict, result: Plan) -> list[str]:
     return candidate_losses(
-        before["dump"], after["dump"], before["warnings"], after["warnings"], result.intended, BINARY,
-        result.user_set, result.dropped,
+        before["dump"],
+        after["dump"],
+        before["warnings"],
+        after["warnings"],
+        result.intended,
+        BINARY,
+        result.user_set,
+        result.dropped,
     )
 
 
@@ -473,7 +477,12 @@ def test_removed_dropin_is_dropped_not_refused(tmp_path: Path, version: str) -> 
     assert losses(before, staged, result) == []
     # Without the record of where the keys came from, the gate refuses the node (the behaviour before).
     unrecorded = candidate_losses(
-        before["dump"], staged["dump"], before["warnings"], staged["warnings"], result.intended, BINARY,
+        before["dump"],
+        staged["dump"],
+        before["warnings"],
+        staged["warnings"],
+        result.intended,
+        BINARY,
         result.user_set,
     )
     assert "runtime nvidia-cdi would be lost" in unrecorded and "runtime nvidia-legacy would be lost" in unrecorded

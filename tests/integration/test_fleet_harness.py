@@ -49,7 +49,8 @@ def test_ssh_requires_the_hosts_real_key(fleet: Fleet, tmp_path: Path) -> None:
     for known_hosts in (wrong, Path("/dev/null")):
         refused = subprocess.run(
             ["ssh", "-F", str(fleet.ssh_config_path), "-o", f"UserKnownHostsFile={known_hosts}", "node1", "true"],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         )
         assert refused.returncode == 255
         assert "Host key verification failed" in refused.stderr
@@ -62,7 +63,9 @@ def test_pyinfra_inventory_connects_with_strict_host_keys(fleet: Fleet) -> None:
     assert '"ssh_strict_host_key_checking": "yes"' in inventory
     result = subprocess.run(
         [sys.executable, "-m", "pyinfra", "-y", str(fleet.inventory_path), "exec", "--", "hostname"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     for host in fleet.hosts:
@@ -135,7 +138,8 @@ def test_vm_host_has_a_kernel_of_its_own(vm_fleet: Fleet, tmp_path: Path) -> Non
     wrong.write_text(f"[127.0.0.1]:{vm_fleet.host('vm1').port} {other_key}\n")
     refused = subprocess.run(
         ["ssh", "-F", str(vm_fleet.ssh_config_path), "-o", f"UserKnownHostsFile={wrong}", "vm1", "true"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert "Host key verification failed" in refused.stderr
 
@@ -170,8 +174,12 @@ def test_down_leaves_nothing_behind() -> None:
 
 @pytest.mark.parametrize("distro", ["", "ubuntu", "debian"])
 def test_vagrantfile_validates(distro: str, tmp_path: Path) -> None:
-    env = {**os.environ, "GPUNODE_DISTRO": distro, "VAGRANT_HOME": str(tmp_path / "home"),
-           "VAGRANT_DOTFILE_PATH": str(tmp_path / "dotfile")}
+    env = {
+        **os.environ,
+        "GPUNODE_DISTRO": distro,
+        "VAGRANT_HOME": str(tmp_path / "home"),
+        "VAGRANT_DOTFILE_PATH": str(tmp_path / "dotfile"),
+    }
     if not distro:
         del env["GPUNODE_DISTRO"]
     result = subprocess.run(

@@ -50,7 +50,11 @@ def deploy(
     pyinfra = Path(sys.executable).with_name("pyinfra")
     return subprocess.run(
         [str(pyinfra), *args, str(inventory or fleet.inventory_path), deploy_file],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
     )
 
 
@@ -84,7 +88,8 @@ def digest(fleet: Fleet, node: str, directory: str) -> str:
 def running_runtimes(fleet: Fleet, node: str) -> str:
     """The running daemon's CRI start line (1.x prints runtimes and registry ConfigPath there)."""
     return sh(
-        fleet, node,
+        fleet,
+        node,
         "id=$(systemctl show -p InvocationID --value containerd); "
         "journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID=$id | grep -E 'Start cri plugin|starting cri plugin'",
     )
@@ -98,7 +103,10 @@ def unit_time(fleet: Fleet, node: str, prop: str) -> datetime:
 def write(fleet: Fleet, node: str, path: str, text: str) -> None:
     result = subprocess.run(
         ["ssh", "-F", str(fleet.ssh_config_path), node, f"mkdir -p $(dirname {path}) && cat > {path}"],
-        input=text, capture_output=True, text=True, timeout=60,
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
 
@@ -195,8 +203,12 @@ def test_killed_run_converges_on_the_next_run(fleet: Fleet) -> None:
     pyinfra = Path(sys.executable).with_name("pyinfra")
     run = subprocess.Popen(
         [str(pyinfra), "-y", str(fleet.inventory_path), "deploys/gpu_node.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
     )
     assert run.stdout is not None
     seen = []
@@ -266,8 +278,10 @@ def test_each_node_runs_with_its_own_host_data(fleet: Fleet, tmp_path: Path, way
     ``gpunode_containerd_restart: none`` node gets its files and keeps its daemon."""
     fleet.reset(NODES)
     data: dict[str, dict[str, Any]] = {
-        node: {"gpunode_nvidia_runtime_binary": f"/opt/{node}/nvidia-container-runtime",
-               "gpunode_cdi_spec_dirs": [f"/etc/cdi-{node}"]}
+        node: {
+            "gpunode_nvidia_runtime_binary": f"/opt/{node}/nvidia-container-runtime",
+            "gpunode_cdi_spec_dirs": [f"/etc/cdi-{node}"],
+        }
         for node in NODES
     }
     data["node3"]["gpunode_containerd_restart"] = "none"
@@ -284,7 +298,8 @@ def test_each_node_runs_with_its_own_host_data(fleet: Fleet, tmp_path: Path, way
 
     for node in NODES:
         assert dumped_nvidia(fleet, node) == {
-            "binary": f"/opt/{node}/nvidia-container-runtime", "cdi_spec_dirs": [f"/etc/cdi-{node}"]
+            "binary": f"/opt/{node}/nvidia-container-runtime",
+            "cdi_spec_dirs": [f"/etc/cdi-{node}"],
         }, node
     for node in ("node1", "node2"):
         assert f"/opt/{node}/nvidia-container-runtime" in running_runtimes(fleet, node), node
@@ -316,10 +331,14 @@ def test_a_dead_daemon_is_restarted_and_a_foreign_unit_refused(fleet: Fleet) -> 
     fleet.reset(NODES)
     assert deploy(fleet, "-y").returncode == 0
     sh(fleet, "node1", "systemctl stop containerd")
-    sh(fleet, "node3", "systemctl disable --now containerd && "
-       "cp /usr/lib/systemd/system/containerd.service /etc/systemd/system/k8s-containerd.service && "
-       "rm /usr/lib/systemd/system/containerd.service && systemctl daemon-reload && "
-       "systemctl start k8s-containerd && rm " + OUR_DROPIN)
+    sh(
+        fleet,
+        "node3",
+        "systemctl disable --now containerd && "
+        "cp /usr/lib/systemd/system/containerd.service /etc/systemd/system/k8s-containerd.service && "
+        "rm /usr/lib/systemd/system/containerd.service && systemctl daemon-reload && "
+        "systemctl start k8s-containerd && rm " + OUR_DROPIN,
+    )
     before3 = digest(fleet, "node3", "/etc/containerd")
 
     result = deploy(fleet, "-y")
@@ -328,8 +347,11 @@ def test_a_dead_daemon_is_restarted_and_a_foreign_unit_refused(fleet: Fleet) -> 
     assert re.search(restarted, result.stdout), result.stdout
     assert sh(fleet, "node1", "systemctl is-active containerd").strip() == "active"
     assert "nvidia" in running_runtimes(fleet, "node1")
-    assert re.search(r"\[node3\] containerd rollout failed: containerd.service is not-found "
-                     r"\(containerd runs as pid \d+ in k8s-containerd.service\)", result.stdout), result.stdout
+    assert re.search(
+        r"\[node3\] containerd rollout failed: containerd.service is not-found "
+        r"\(containerd runs as pid \d+ in k8s-containerd.service\)",
+        result.stdout,
+    ), result.stdout
     assert digest(fleet, "node3", "/etc/containerd") == before3
 
 
@@ -339,9 +361,13 @@ def test_a_restart_pending_from_before_restores_nothing(fleet: Fleet, tmp_path: 
     fleet.reset(["node1"])
     inventory = inventory_of(fleet, tmp_path, {"node1": {}})
     assert deploy(fleet, "-y", inventory=inventory).returncode == 0  # a backup from this earlier run
-    sh(fleet, "node1", "mkdir -p /etc/systemd/system/containerd.service.d && printf '%s\\n' '[Service]' "
-       "'ExecStartPre=/bin/false' > /etc/systemd/system/containerd.service.d/test-failure.conf && "
-       f"systemctl daemon-reload && touch {CONFIG}")
+    sh(
+        fleet,
+        "node1",
+        "mkdir -p /etc/systemd/system/containerd.service.d && printf '%s\\n' '[Service]' "
+        "'ExecStartPre=/bin/false' > /etc/systemd/system/containerd.service.d/test-failure.conf && "
+        f"systemctl daemon-reload && touch {CONFIG}",
+    )
     before = digest(fleet, "node1", "/etc/containerd")
 
     result = deploy(fleet, "-y", inventory=inventory)
@@ -352,17 +378,19 @@ def test_a_restart_pending_from_before_restores_nothing(fleet: Fleet, tmp_path: 
     assert sh(fleet, "node1", f"ls {FAILED} 2>/dev/null || true") == ""
 
 
-def test_a_main_config_outside_etc_containerd_is_restored_and_backups_are_private(
-    fleet: Fleet, tmp_path: Path
-) -> None:
+def test_a_main_config_outside_etc_containerd_is_restored_and_backups_are_private(fleet: Fleet, tmp_path: Path) -> None:
     """``--config /etc/k8s/containerd.toml``: the turn's backup holds it and the rollback puts
     it back; backups and failed copies are readable by root only."""
     fleet.reset(["node1"])
     main = "/etc/k8s/containerd.toml"
-    sh(fleet, "node1", f"mkdir -p /etc/k8s && mv {CONFIG} {main} && {INJECT_FAILURE} && printf '%s\\n' "
-       f"'[Service]' 'ExecStart=' 'ExecStart=/usr/bin/containerd --config {main}' "
-       "> /etc/systemd/system/containerd.service.d/test-config.conf && systemctl daemon-reload && "
-       "systemctl restart containerd")
+    sh(
+        fleet,
+        "node1",
+        f"mkdir -p /etc/k8s && mv {CONFIG} {main} && {INJECT_FAILURE} && printf '%s\\n' "
+        f"'[Service]' 'ExecStart=' 'ExecStart=/usr/bin/containerd --config {main}' "
+        "> /etc/systemd/system/containerd.service.d/test-config.conf && systemctl daemon-reload && "
+        "systemctl restart containerd",
+    )
     before = sh(fleet, "node1", f"sha256sum {main}")
     inventory = inventory_of(fleet, tmp_path, {"node1": {}})
 
@@ -388,8 +416,13 @@ def test_a_second_run_is_refused_while_another_holds_the_node(fleet: Fleet, tmp_
         "server.shell(name='hold', commands=['sleep 120'])\n"
     )
     pyinfra = Path(sys.executable).with_name("pyinfra")
-    run = subprocess.Popen([str(pyinfra), "-y", str(inventory), str(holder)], cwd=REPO,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run = subprocess.Popen(
+        [str(pyinfra), "-y", str(inventory), str(holder)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         for _ in range(300):
             if "pyinfra-gpunode run" in fleet.run("node1", "cat /run/lock/pyinfra-gpunode.lock").stdout:
@@ -398,8 +431,11 @@ def test_a_second_run_is_refused_while_another_holds_the_node(fleet: Fleet, tmp_
         before = digest(fleet, "node1", "/etc")
         second = deploy(fleet, "-y", inventory=inventory)
         assert second.returncode != 0, second.stdout
-        assert re.search(r"another run holds the node lock /run/lock/pyinfra-gpunode.lock: "
-                         r"pyinfra-gpunode run \w+ from .* pid \d+ since", second.stdout), second.stdout
+        assert re.search(
+            r"another run holds the node lock /run/lock/pyinfra-gpunode.lock: "
+            r"pyinfra-gpunode run \w+ from .* pid \d+ since",
+            second.stdout,
+        ), second.stdout
         assert digest(fleet, "node1", "/etc") == before
     finally:
         os.killpg(run.pid, signal.SIGKILL)
@@ -411,9 +447,13 @@ def test_a_second_run_is_refused_while_another_holds_the_node(fleet: Fleet, tmp_
 def test_a_socket_activated_containerd_is_refused(fleet: Fleet, tmp_path: Path) -> None:
     """A containerd.service that a socket activates is refused naming the socket; nothing is written."""
     fleet.reset(["node2"])
-    sh(fleet, "node2", "printf '%s\\n' '[Socket]' 'ListenStream=/run/containerd/activation.sock' "
-       "> /etc/systemd/system/containerd.socket && systemctl daemon-reload && systemctl stop containerd && "
-       "systemctl start containerd.socket && systemctl start containerd")
+    sh(
+        fleet,
+        "node2",
+        "printf '%s\\n' '[Socket]' 'ListenStream=/run/containerd/activation.sock' "
+        "> /etc/systemd/system/containerd.socket && systemctl daemon-reload && systemctl stop containerd && "
+        "systemctl start containerd.socket && systemctl start containerd",
+    )
     before = (main_pid(fleet, "node2"), digest(fleet, "node2", "/etc/containerd"))
 
     result = deploy(fleet, "-y", inventory=inventory_of(fleet, tmp_path, {"node2": {}}))

@@ -45,7 +45,8 @@ def preinstalled_node1(fleet: Fleet) -> Iterator[None]:
     proc = f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {DRIVER}  Tue Apr  1 00:00:00 UTC 2025"
     script += [
         f"mkdir -p {PLANTED}/proc/nvidia && echo '{proc}' > {PLANTED}/proc/nvidia/version",
-        f"mount --bind {PLANTED}/pci /sys/bus/pci/devices", f"mount --bind {PLANTED}/module /sys/module",
+        f"mount --bind {PLANTED}/pci /sys/bus/pci/devices",
+        f"mount --bind {PLANTED}/module /sys/module",
         f"mount --bind {PLANTED}/proc /proc/driver",
     ]
     try:

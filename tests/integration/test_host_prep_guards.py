@@ -88,16 +88,22 @@ def test_unsupported_distribution_is_refused_before_any_change(node: Path) -> No
     ("data", "message"),
     [
         # a trailing newline would split the apt-get install command
-        ("gpunode_toolkit_version=1.17.8-1\n",
-         "host-data key 'gpunode_toolkit_version' must not contain newlines or control characters, "
-         "got '1.17.8-1<U+000A>'"),
+        (
+            "gpunode_toolkit_version=1.17.8-1\n",
+            "host-data key 'gpunode_toolkit_version' must not contain newlines or control characters, "
+            "got '1.17.8-1<U+000A>'",
+        ),
         # a newline inside a blacklist entry would silently disable it
-        ('gpunode_unattended_blacklist=["linux-", "nvidia-\\n"]',
-         "host-data key 'gpunode_unattended_blacklist' must not contain newlines or control characters"),
+        (
+            'gpunode_unattended_blacklist=["linux-", "nvidia-\\n"]',
+            "host-data key 'gpunode_unattended_blacklist' must not contain newlines or control characters",
+        ),
         ("gpunode_restart_timeout=86400", "host-data key 'gpunode_restart_timeout' must be int, 1 to 3600, got 86400"),
         # --data parses 580.10 into the float 580.1: its text is lost
-        ("gpunode_driver_version=580.10",
-         "host-data key 'gpunode_driver_version' must be str or null, got the number 580.1"),
+        (
+            "gpunode_driver_version=580.10",
+            "host-data key 'gpunode_driver_version' must be str or null, got the number 580.1",
+        ),
     ],
     ids=["newline-version", "newline-blacklist", "timeout-too-long", "float-version"],
 )

@@ -41,12 +41,33 @@ def fixture_output(fact: str, name: str) -> list[str]:
 
 # Debian 13, Secure Boot off, driver 550.163.01 with DKMS installed and held, one H100.
 HOST_STATE = [
-    "@@os", "debian", "13", "@@arch", "amd64", "@@kernel", "6.12.117+deb13-amd64", "@@secureboot", "efivar 0",
-    "@@pci", "0000:41:00.0 0x030200 0x2331", "@@nvswitch", "@@module", "@@proc", "@@library", "@@smi",
-    "@@fm_packages", "@@fm_unit", "active=inactive", "enabled=not-found", "@@packages",
-    "hi \tnvidia-driver\t550.163.01-2", "hi \tfirmware-nvidia-gsp\t550.163.01-2",
-    "hi \tnvidia-kernel-dkms\t550.163.01-2", "hi \tlinux-headers-6.12.117+deb13-amd64\t6.12.117-1",
-    "@@kmod", "/lib/modules/6.12.117+deb13-amd64/updates/dkms/nvidia-current.ko.xz",
+    "@@os",
+    "debian",
+    "13",
+    "@@arch",
+    "amd64",
+    "@@kernel",
+    "6.12.117+deb13-amd64",
+    "@@secureboot",
+    "efivar 0",
+    "@@pci",
+    "0000:41:00.0 0x030200 0x2331",
+    "@@nvswitch",
+    "@@module",
+    "@@proc",
+    "@@library",
+    "@@smi",
+    "@@fm_packages",
+    "@@fm_unit",
+    "active=inactive",
+    "enabled=not-found",
+    "@@packages",
+    "hi \tnvidia-driver\t550.163.01-2",
+    "hi \tfirmware-nvidia-gsp\t550.163.01-2",
+    "hi \tnvidia-kernel-dkms\t550.163.01-2",
+    "hi \tlinux-headers-6.12.117+deb13-amd64\t6.12.117-1",
+    "@@kmod",
+    "/lib/modules/6.12.117+deb13-amd64/updates/dkms/nvidia-current.ko.xz",
 ]
 LOADED = fixture_output("nvidia.NvidiaDriver", "debian_renamed_modules")  # 550.163.01 loaded
 NOT_LOADED = fixture_output("nvidia.NvidiaDriver", "userspace_only_not_loaded")  # installed, reboot pending
@@ -57,26 +78,40 @@ def fake_host(name: str, driver: list[str]) -> tuple[str, dict[str, Any]]:
     responses: dict[Any, Any] = {  # longest commands first: a fact's command may contain another's
         re.compile(r">&2 && exit 1$"): {"success": False},  # operations' fail(): a failing command
         HostPrepState().command(NOUVEAU_CONF): [
-            f"{PREP_PART}kernel", *fixture_output("kernel.KernelState", "debian_trixie_unheld"),
+            f"{PREP_PART}kernel",
+            *fixture_output("kernel.KernelState", "debian_trixie_unheld"),
             f"{PREP_PART}unattended",
             *fixture_output("unattended_upgrades.UnattendedUpgradesState", "debian_trixie_default"),
-            f"{PREP_PART}nouveau", *fixture_output("kernel.NouveauBlacklist", "absent"),
+            f"{PREP_PART}nouveau",
+            *fixture_output("kernel.NouveauBlacklist", "absent"),
         ],
         NvidiaHostState().command(): host_state,
         ContainerdNodeState().command(RUNTIME): (TESTS / "samples/containerd-node-state-1.7-converged.txt")
-        .read_text().splitlines(),
+        .read_text()
+        .splitlines(),
         NvidiaContainerToolkit().command(): fixture_output("nvidia.NvidiaContainerToolkit", "installed_1_17"),
         CdiSpecs().command(): [],
         NvidiaDriver().command(): driver,
         NodeKind().command(): [
-            f"{KIND_PART}distribution", "/etc/os-release", "ID=debian", 'VERSION_ID="13"', "---",
-            f"{KIND_PART}gpus", "@@pci", "0000:41:00.0 0x030200 0x2331", "@@nvswitch",
+            f"{KIND_PART}distribution",
+            "/etc/os-release",
+            "ID=debian",
+            'VERSION_ID="13"',
+            "---",
+            f"{KIND_PART}gpus",
+            "@@pci",
+            "0000:41:00.0 0x030200 0x2331",
+            "@@nvswitch",
         ],
         NvidiaGpus().command(): ["@@pci", "0000:41:00.0 0x030200 0x2331", "@@nvswitch"],
     }
     data = {
-        "fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0,
-        "gpunode_driver_version": "550.163.01", "gpunode_driver_flavor": "default", "gpunode_allow_dkms": True,
+        "fake_responses": responses,
+        "fake_delay": 0,
+        "fake_delay_jitter": 0,
+        "gpunode_driver_version": "550.163.01",
+        "gpunode_driver_flavor": "default",
+        "gpunode_allow_dkms": True,
         "gpunode_toolkit_source": "installed",
     }
     return f"@fake/{name}", data

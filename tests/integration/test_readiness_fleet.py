@@ -148,16 +148,19 @@ def sighup(fleet: Fleet) -> None:
 
 SCENARIOS: dict[str, tuple[Callable[[Fleet], None], str, str]] = {
     "shadowed": (
-        shadowed, "containerd_config",
+        shadowed,
+        "containerd_config",
         "/etc/containerd/conf.d/99-nvidia.toml defines the nvidia runtime but /etc/containerd/conf.d/99-registry.toml, "
         "loaded after it, also sets the CRI plugin and containerd 1.7 keeps only the last file's CRI section",
     ),
     "restart_pending": (
-        restart_pending, "containerd_running",
+        restart_pending,
+        "containerd_running",
         "restart pending: /etc/containerd/conf.d/99-nvidia.toml, /etc/containerd/config.toml changed after containerd",
     ),
     "cri_failed": (
-        cri_failed, "containerd_running",
+        cri_failed,
+        "containerd_running",
         "failed to load its CRI plugin: invalid plugin config: no corresponding runtime configured in "
         '`containerd.runtimes` for `containerd` `default_runtime_name = "runc"',
     ),

@@ -68,7 +68,7 @@ def inventory(fleet: Fleet, tmp_path: Path, hook: Path, **data: Any) -> Path:
     path = tmp_path / "inventory.py"
     path.write_text(
         "import runpy\n"
-        f"data = {({**hooks, **data})!r}\n"
+        f"data = { ({**hooks, **data})!r}\n"
         f"hosts = [(name, {{**host_data, **data}}) for name, host_data in runpy.run_path({str(fleet.inventory_path)!r})"
         "['hosts']]\n"
     )
@@ -247,7 +247,8 @@ def tn2_reboot_pending(fleet: Fleet) -> Iterator[None]:
     script = [f"mkdir -p {PLANTED}/{path.rsplit('/', 1)[0]} && echo '{text}' > {PLANTED}/{path}"
               for path, text in files.items()]  # fmt: skip
     script += [
-        f"mount --bind {PLANTED}/pci /sys/bus/pci/devices", f"mount --bind {PLANTED}/now/module /sys/module",
+        f"mount --bind {PLANTED}/pci /sys/bus/pci/devices",
+        f"mount --bind {PLANTED}/now/module /sys/module",
         f"mount --bind {PLANTED}/now/proc /proc/driver",
     ]
     try:

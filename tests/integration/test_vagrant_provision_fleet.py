@@ -62,10 +62,14 @@ def test_provisioner_installs_containerd_once_and_the_deploy_runs_to_the_end(fle
     pyinfra = Path(sys.executable).with_name("pyinfra")
     deploy = subprocess.run(
         [str(pyinfra), "-y", "--limit", NODE, str(fleet.inventory_path), "deploys/gpu_node.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
     )
     assert deploy.returncode == 0, deploy.stdout
-    assert 'containerd.runtimes.nvidia]' in sh(fleet, "containerd config dump")
+    assert "containerd.runtimes.nvidia]" in sh(fleet, "containerd config dump")
 
 
 def test_provisioner_is_shellcheck_clean() -> None:

@@ -267,10 +267,14 @@ def test_an_edited_source_record_leaves_only_its_keys_unknown() -> None:
 
 
 def _dump(runtimes: dict[str, str], default: str = "runc") -> dict:
-    tables = {name: {"runtime_type": "io.containerd.runc.v2", "sandbox_mode": "podsandbox",
-                     "options": {"BinaryName": binary}} for name, binary in runtimes.items()}
-    return {"version": 2, "plugins": {"io.containerd.grpc.v1.cri": {
-        "containerd": {"default_runtime_name": default, "runtimes": tables}}}}
+    tables = {
+        name: {"runtime_type": "io.containerd.runc.v2", "sandbox_mode": "podsandbox", "options": {"BinaryName": binary}}
+        for name, binary in runtimes.items()
+    }
+    return {
+        "version": 2,
+        "plugins": {"io.containerd.grpc.v1.cri": {"containerd": {"default_runtime_name": default, "runtimes": tables}}},
+    }
 
 
 def test_gate_counts_dropped_keys_as_intent_and_nothing_else() -> None:
@@ -281,8 +285,11 @@ def test_gate_counts_dropped_keys_as_intent_and_nothing_else() -> None:
     losses = candidate_losses(before, after, [], [], {}, binary, {}, dropped)
     assert losses == ["runtime kata would be lost"] + [
         f"io.containerd.grpc.v1.cri:containerd.runtimes.kata.{key} would change from {value!r} to <unset>"
-        for key, value in (("options.BinaryName", "k"), ("runtime_type", "io.containerd.runc.v2"),
-                           ("sandbox_mode", "podsandbox"))
+        for key, value in (
+            ("options.BinaryName", "k"),
+            ("runtime_type", "io.containerd.runc.v2"),
+            ("sandbox_mode", "podsandbox"),
+        )
     ]
     assert "runtime nvidia-cdi would be lost" in candidate_losses(before, after, [], [], {}, binary, {})
 

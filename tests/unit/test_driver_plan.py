@@ -74,9 +74,10 @@ def test_explicit_sources_and_their_refusals() -> None:
     source, error = resolve_source("packages", req(), "580.159.04")
     assert source == "" and "gpunode_driver_branch" in error
     assert resolve_source("packages", req(branch="580"), None) == ("packages", "")
-    assert "gpunode_driver_source must be one of auto, packages, preinstalled, got 'apt'" in resolve_source(
-        "apt", req(), None
-    )[1]
+    assert (
+        "gpunode_driver_source must be one of auto, packages, preinstalled, got 'apt'"
+        in resolve_source("apt", req(), None)[1]
+    )
 
 
 def test_preinstalled_driver_is_described_and_checked_against_the_version() -> None:

@@ -62,7 +62,8 @@ def conducted(other: str) -> Generator[Any, Any, None]:
 @pytest.fixture(scope="module")
 def run() -> State:
     data = {
-        "fake_delay": 0, "fake_delay_jitter": 0,
+        "fake_delay": 0,
+        "fake_delay_jitter": 0,
         "fake_responses": {"nested-fails": {"success": False, "stderr": ["nested failure"]}},
     }
     state = State(inventory=Inventory(([("@fake/a", data), ("@fake/b", data)], {})), config=Config())

@@ -299,7 +299,7 @@ def test_cri_plugin_failed_to_load_quotes_its_error_line() -> None:
     link, cause, _ = first_broken(facts)
     assert link == "containerd_running"
     assert cause.endswith(
-        'failed to load its CRI plugin: invalid plugin config: no corresponding runtime configured in '
+        "failed to load its CRI plugin: invalid plugin config: no corresponding runtime configured in "
         '`containerd.runtimes` for `containerd` `default_runtime_name = "runc"'
     )
 

@@ -36,14 +36,23 @@ def test_bad_rollout_order_names_the_key(first: list[str], message: str) -> None
 
 def _loaded(runtimes: list[str], default: str = "runc", path: str | None = "/etc/containerd/certs.d"):
     loaded = parse_cri_start_log([])
-    return {**loaded, "loaded": True, "runtimes": runtimes, "default_runtime_name": default,
-            "registry_config_path": path}
+    return {
+        **loaded,
+        "loaded": True,
+        "runtimes": runtimes,
+        "default_runtime_name": default,
+        "registry_config_path": path,
+    }
 
 
 def test_restart_verified_against_dump_and_previous_daemon() -> None:
     previous = _loaded(["runc", "kata"])
-    summary = {**summarize({}), "runtimes": {"runc": {}, "nvidia": {}}, "default_runtime_name": "runc",
-               "registry_config_path": "/etc/containerd/certs.d"}
+    summary = {
+        **summarize({}),
+        "runtimes": {"runc": {}, "nvidia": {}},
+        "default_runtime_name": "runc",
+        "registry_config_path": "/etc/containerd/certs.d",
+    }
     expected = expected_after_restart(summary, previous)  # type: ignore[arg-type]
     assert expected["runtimes"] == ["kata", "nvidia", "runc"]
     assert restart_problem("active", "success", _loaded(["kata", "nvidia", "runc"]), expected) is None
@@ -53,8 +62,9 @@ def test_restart_verified_against_dump_and_previous_daemon() -> None:
     )
     # 2.x does not log the registry path: not a problem; 1.x logging another one is
     assert restart_problem("active", "success", _loaded(["kata", "nvidia", "runc"], path=None), expected) is None
-    assert "config_path" in (restart_problem("active", "success", _loaded(["kata", "nvidia", "runc"], path="/x"),
-                                             expected) or "")
+    assert "config_path" in (
+        restart_problem("active", "success", _loaded(["kata", "nvidia", "runc"], path="/x"), expected) or ""
+    )
 
 
 def test_restart_problem_names_unit_state_and_cri_failure() -> None:
@@ -67,10 +77,12 @@ def test_restart_problem_names_unit_state_and_cri_failure() -> None:
 
 
 def test_summary_table_has_a_block_per_node_in_order() -> None:
-    table = summary_table({
-        "node2": NodeReport(changed=["kernel: held"], rollout="done"),
-        "node1": NodeReport(skipped=["CDI: reboot pending"], pending=["reboot"], rollout="halted: x"),
-    })
+    table = summary_table(
+        {
+            "node2": NodeReport(changed=["kernel: held"], rollout="done"),
+            "node1": NodeReport(skipped=["CDI: reboot pending"], pending=["reboot"], rollout="halted: x"),
+        }
+    )
     assert table.splitlines() == [
         "node2  done",
         "    changed: kernel: held",
@@ -130,8 +142,12 @@ def test_cri_read_from_ctr_when_the_journal_has_no_start_line() -> None:
 
 
 def _service(**values: object) -> dict[str, object]:
-    return {"load_state": "loaded", "triggered_by": [], "processes": [{"pid": 73, "unit": "containerd.service"}],
-            **values}
+    return {
+        "load_state": "loaded",
+        "triggered_by": [],
+        "processes": [{"pid": 73, "unit": "containerd.service"}],
+        **values,
+    }
 
 
 def test_units_that_cannot_be_restarted_are_refused_naming_what_was_found() -> None:

@@ -23,7 +23,9 @@ def test_a_wrong_call_between_the_packages_modules_fails_the_type_check(tmp_path
 
     result = subprocess.run(
         ["bash", str(REPO / "scripts" / "typecheck.sh"), str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
     assert result.returncode != 0, result.stdout + result.stderr
