@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, RUNTIME
 from pyinfra_gpunode.driver_versions import same_driver, upstream_version
+from pyinfra_gpunode.facts.cdi import missing_devices
 
 if TYPE_CHECKING:
     from pyinfra_gpunode.facts.readiness import NodeReadinessInfo
@@ -295,8 +296,7 @@ def _cdi(facts: NodeReadinessInfo, spec_path: str) -> Link:
             "its library paths no longer exist and containers fail to start",
             fix=f"regenerate it for {module}: {generate}",
         )  # fmt: skip
-    wanted = [str(index) for index in range(gpus)] + ["all"]
-    missing = [name for name in wanted if name not in chosen["devices"]]
+    missing = missing_devices(chosen, gpus)
     if missing:
         return make(
             BROKEN, f"{path} lacks device(s) {', '.join(missing)}",
