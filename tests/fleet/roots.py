@@ -13,8 +13,8 @@ import json
 import logging
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,3 +174,17 @@ def writable_copy(lower: Path, directory: Path) -> Iterator[Path]:
         yield merged
     finally:
         subprocess.run(["umount", str(merged)], check=True)
+
+
+Plant = Callable[[Path], None]
+
+
+@contextmanager
+def planted_copies(lower: Path, directory: Path, plants: dict[str, Plant]) -> Iterator[dict[str, Path]]:
+    """One ``writable_copy`` of ``lower`` per name under ``directory``, each prepared by its plant function."""
+    with ExitStack() as mounts:
+        copies: dict[str, Path] = {}
+        for name, plant in plants.items():
+            copies[name] = mounts.enter_context(writable_copy(lower, directory / name))
+            plant(copies[name])
+        yield copies

@@ -12,13 +12,12 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from tests.fleet.plugin import require_fleet
-from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
+from tests.fleet.roots import RootRecipe, ensure_root, planted_copies
 from tests.integration.gpu_state import (
     DRIVER,
     LIBRARY,
@@ -71,12 +70,8 @@ def lower() -> Path:
 @pytest.fixture
 def roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
     """One writable overlay of the trixie root per kind of node, its GPU state planted."""
-    with ExitStack() as mounts:
-        mounted: dict[str, Path] = {}
-        for name, plant in NODES.items():
-            mounted[name] = mounts.enter_context(writable_copy(lower, tmp_path / name))
-            plant(mounted[name])
-        yield mounted
+    with planted_copies(lower, tmp_path, NODES) as copies:
+        yield copies
 
 
 def pyinfra(hosts: list[Path], *args: str, deploy: str = "deploys/gpu_node.py") -> subprocess.CompletedProcess[str]:

@@ -13,14 +13,13 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pynvml
 import pytest
 
 from tests.fleet.plugin import require_fleet
-from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
+from tests.fleet.roots import RootRecipe, ensure_root, planted_copies
 from tests.integration.gpu_state import (
     DRIVER,
     cdi_spec,
@@ -127,12 +126,8 @@ def lower() -> Path:
 @pytest.fixture
 def roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
     """One writable overlay of the trixie root per node, its GPU state planted."""
-    with ExitStack() as mounts:
-        mounted: dict[str, Path] = {}
-        for name, (plant, _, _) in NODES.items():
-            mounted[name] = mounts.enter_context(writable_copy(lower, tmp_path / name))
-            plant(mounted[name])
-        yield mounted
+    with planted_copies(lower, tmp_path, {name: plant for name, (plant, _, _) in NODES.items()}) as copies:
+        yield copies
 
 
 def readiness(roots: dict[str, Path], report: Path, *args: str) -> subprocess.CompletedProcess[str]:
