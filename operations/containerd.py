@@ -362,7 +362,8 @@ def _restore(backup: str, paths: list[str], failure: str) -> StringCommand:
         'if [ -e "$p" ] || [ -L "$p" ]; then mkdir -p "$aside$(dirname "$p")" && mv "$p" "$aside$p" || ok=0; fi;',
         'if [ -e "$t$p" ] || [ -L "$t$p" ]; then mv "$t$p" "$p" || ok=0; fi; done &&',
         'chmod -R go-rwx "$aside" && [ "$ok" = 1 ];',
-        '} || { rm -rf "$t"; echo',
+        '} || { rm -rf "$t"; printf',
+        "'%s\\n'",
         QuoteString(failure),
         '>&2; exit 1; }; rm -rf "$t"',
     )
