@@ -13,6 +13,7 @@ from pyinfra import host, state
 from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
 from pyinfra.facts.server import Command
 
+from pyinfra_gpunode import shell
 from pyinfra_gpunode.driver_plan import (
     DRIVER_SOURCES,
     DriverPlan,
@@ -476,11 +477,7 @@ def _toolkit_checked(toolkit: ToolkitInfo, version: str | None) -> Generator[Any
 
 
 # The script without its comment lines (it has no here-documents): what the node runs.
-_KEYRING_SCRIPT = "\n".join(
-    line
-    for line in (Path(__file__).parent / "shell" / "toolkit-keyring.sh").read_text().splitlines()
-    if line.strip() and not line.lstrip().startswith("#")
-)
+_KEYRING_SCRIPT = shell.script(Path(__file__).parent / "shell" / "toolkit-keyring.sh")
 
 
 def keyring_script(
@@ -493,7 +490,7 @@ def keyring_script(
     so other keys in the file never reach the keyring; it fails naming what the file holds when the
     pinned key is not among them.
     """
-    return shlex.join(["sh", "-c", _KEYRING_SCRIPT, "gpunode-keyring", fingerprint, url, keyring])
+    return shell.command(_KEYRING_SCRIPT, "gpunode-keyring", fingerprint, url, keyring)
 
 
 def _install_debs(deb_dir: str, version: str | None) -> StringCommand:

@@ -1,0 +1,27 @@
+"""Shell programs shipped as files in the package, run on the node as ``sh -c <text> <name> <args...>``.
+
+A program longer than a line lives in a shellcheck-clean ``*.sh`` file next to the module that
+runs it (``operations/shell/``, ``facts/shell/``); the node gets its text without the comment
+lines, and every argument quoted.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+
+def script(path: Path) -> str:
+    """The shell file at ``path`` without its comment and blank lines: the text the node runs.
+
+    Only whole-line comments are dropped, so a file must hold no here-document or multi-line
+    quoted text with a line that starts with ``#`` or is blank.
+    """
+    return "\n".join(
+        line for line in path.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")
+    )
+
+
+def command(script_text: str, name: str, *args: str) -> str:
+    """``sh -c`` running ``script_text`` as ``$0`` ``name`` with positional ``args``, each quoted."""
+    return shlex.join(["sh", "-c", script_text, name, *args])
