@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import difflib
 import posixpath
-import shlex
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 from pyinfra.facts.files import File
 
+from pyinfra_gpunode import shell
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, plan, staged_imports
 from pyinfra_gpunode.containerd_dump import (
     CriLoaded,
@@ -318,23 +319,9 @@ def config_backed_up(path: str) -> Generator[Any, Any, None]:
 
 
 # Restart (after clearing a start-limit-hit state), then wait until the unit is active and the
-# CRI plugin of this invocation logged its start or its failure, or (2 s on, for a containerd
-# that logs above info) ctr lists the CRI plugin, or the unit gave up. Exits 0: the facts read
-# afterwards judge the result.
-_RESTART_AND_WAIT = (
-    "systemctl reset-failed containerd 2>/dev/null; "
-    "if systemctl restart containerd; then n=0; "
-    "for i in $(seq 1 {ticks}); do "
-    "s=$(systemctl show -p ActiveState --value containerd); "
-    'if [ "$s" = active ]; then '
-    "id=$(systemctl show -p InvocationID --value containerd); "
-    'journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | '
-    "grep -qE 'Start cri plugin with config|starting cri plugin|failed to load plugin io.containerd.(grpc.v1.cri|cri)' "
-    "&& break; n=$((n + 1)); "
-    'if [ "$n" -ge 10 ] && timeout 10 ctr --address {address} plugins ls 2>/dev/null | '
-    "grep -qE '^io[.]containerd[.]grpc[.]v1 +cri '; then break; fi; "
-    'elif [ "$s" = failed ] || [ "$s" = inactive ]; then break; fi; sleep 0.2; done; fi; true'
-)
+# CRI plugin of this invocation reported, or the unit gave up (shell/containerd-restart.sh; exits 0:
+# the facts read afterwards judge the result).
+_RESTART_AND_WAIT = shell.script(Path(__file__).parent / "shell" / "containerd-restart.sh")
 
 
 def _restore(backup: str, paths: list[str], failure: str) -> StringCommand:
@@ -414,7 +401,7 @@ def restarted_if_pending(
     address = str((dump["dump"] if dump else {}).get("grpc", {}).get("address") or DEFAULT_ADDRESS)
     previous = host.get_fact(ContainerdCriLoaded, address=address)
     expected = expected_after_restart(summarize(dump["dump"] if dump else {}), previous, dropped_runtimes or ())
-    restart = StringCommand(_RESTART_AND_WAIT.format(ticks=max(1, int(timeout)) * 5, address=shlex.quote(address)))
+    restart = StringCommand(shell.command(_RESTART_AND_WAIT, "gpunode-restart", str(max(1, int(timeout)) * 5), address))
     if state.is_executing:
         logger.info("%srestarting containerd: %s", host.print_prefix, service["restart_reason"])
     yield restart
