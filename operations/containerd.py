@@ -324,36 +324,13 @@ def config_backed_up(path: str) -> Generator[Any, Any, None]:
 _RESTART_AND_WAIT = shell.script(Path(__file__).parent / "shell" / "containerd-restart.sh")
 
 
+# Put paths back as a backup tar holds them, the failed files aside (shell/containerd-restore.sh).
+_RESTORE = shell.script(Path(__file__).parent / "shell" / "containerd-restore.sh")
+
+
 def _restore(backup: str, paths: list[str], failure: str) -> StringCommand:
     """Put ``paths`` back as ``backup`` holds them (removing those it lacks); the failed files go aside."""
-    return StringCommand(
-        "umask 077; t=$(mktemp -d /etc/.gpunode-restore.XXXXXX) && {",
-        "tar",
-        "-C",
-        '"$t"',
-        "-xf",
-        QuoteString(backup),
-        "&&",
-        f"aside={FAILED_DIR}/containerd-$(date -u +%Y%m%dT%H%M%S.%NZ)",
-        "&&",
-        "install",
-        "-d",
-        "-m",
-        "0700",
-        FAILED_DIR,
-        '"$aside"',
-        "&&",
-        "ok=1 && for p in",
-        *(QuoteString(path) for path in paths),
-        "; do",
-        'if [ -e "$p" ] || [ -L "$p" ]; then mkdir -p "$aside$(dirname "$p")" && mv "$p" "$aside$p" || ok=0; fi;',
-        'if [ -e "$t$p" ] || [ -L "$t$p" ]; then mv "$t$p" "$p" || ok=0; fi; done &&',
-        'chmod -R go-rwx "$aside" && [ "$ok" = 1 ];',
-        '} || { rm -rf "$t"; printf',
-        "'%s\\n'",
-        QuoteString(failure),
-        '>&2; exit 1; }; rm -rf "$t"',
-    )
+    return StringCommand(shell.command(_RESTORE, "gpunode-restore", backup, FAILED_DIR, failure, *paths))
 
 
 @operation(
