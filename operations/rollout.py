@@ -11,15 +11,17 @@ import uuid
 import weakref
 from collections.abc import Generator, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal
 
 from pyinfra import host, state
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import StringCommand, operation
 from pyinfra.api.exceptions import NestedOperationError
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.facts.server import Hostname
 
+from pyinfra_gpunode import shell
 from pyinfra_gpunode.hooks import hook_argv, hook_environment, placeholders
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import containerd
@@ -52,23 +54,10 @@ _LOCKED: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary(
 
 LOCK = "/run/lock/pyinfra-gpunode.lock"
 
-# Hold LOCK in a background process (its first line names the holder, the second is the process)
-# for as long as this connection lives (the nearest ancestor that is not a shell, sudo or chroot:
-# sshd's session, or pyinfra itself for @chroot/@local) or until node_unlocked ends it, waiting up
-# to 10 s for a run that just ended.
-_TAKE_LOCK = (
-    'mkdir -p "$(dirname "$1")" && p=$PPID; '
-    'while c=$(cat /proc/$p/comm 2>/dev/null); do case "$c" in sh|bash|dash|sudo|su|doas|chroot|env|timeout) '
-    "p=$(cut -d' ' -f4 /proc/$p/stat);; *) break;; esac; done; "
-    'sh -c \'exec 9<>"$1" && flock -w 10 9 && printf "%s\\n%s\\n" "$2" "$$" > "$1" && '
-    'while kill -0 "$3" 2>/dev/null; do sleep 1 9>&-; done\' gpunode-lock "$1" "$2" "$p" '
-    "</dev/null >/dev/null 2>&1 & w=$!; "
-    'i=0; while [ "$i" -lt 1500 ]; do [ "$(head -n 1 "$1" 2>/dev/null)" = "$2" ] && exit 0; '
-    'kill -0 "$w" 2>/dev/null || break; sleep 0.01; i=$((i + 1)); done; '
-    'echo "another run holds the node lock $1: $(head -n 1 "$1" 2>/dev/null)" >&2; exit 1'
-)
-# End the holder this run started (and only that one).
-_RELEASE_LOCK = 'if [ "$(head -n 1 "$1" 2>/dev/null)" = "$2" ]; then kill "$(sed -n 2p "$1")" 2>/dev/null; fi; true'
+# Hold LOCK in a background process for as long as this connection lives or until node_unlocked
+# ends it (shell/node-lock.sh); end the holder this run started, and only that one (shell/node-unlock.sh).
+_TAKE_LOCK = shell.script(Path(__file__).parent / "shell" / "node-lock.sh")
+_RELEASE_LOCK = shell.script(Path(__file__).parent / "shell" / "node-unlock.sh")
 
 
 @operation(is_idempotent=False, idempotent_notice="Takes the lock once per run and node.")
@@ -101,7 +90,7 @@ def node_locked() -> Generator[Any, Any, None]:
             f"pyinfra-gpunode run {uuid.uuid4().hex[:12]} from {socket.gethostname()} pid {os.getpid()} "
             f"since {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}"
         )
-    yield StringCommand("sh", "-c", QuoteString(_TAKE_LOCK), "gpunode-lock", LOCK, QuoteString(_HOLDERS[run]))
+    yield StringCommand(shell.command(_TAKE_LOCK, "gpunode-lock", LOCK, _HOLDERS[run]))
     locked.add(host.name)
 
 
@@ -120,7 +109,7 @@ def node_unlocked() -> Generator[Any, Any, None]:
     if not state.is_executing or host.name not in _LOCKED.get(run, set()):
         host.noop("this run holds no node lock")
         return
-    yield StringCommand("sh", "-c", QuoteString(_RELEASE_LOCK), "gpunode-lock", LOCK, QuoteString(_HOLDERS[run]))
+    yield StringCommand(shell.command(_RELEASE_LOCK, "gpunode-lock", LOCK, _HOLDERS[run]))
     _LOCKED[run].discard(host.name)
 
 
