@@ -7,12 +7,14 @@ import re
 import shlex
 import tomllib
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypedDict
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 from typing_extensions import override
 
+from pyinfra_gpunode import shell
 from pyinfra_gpunode.containerd_dump import CriLoaded, DumpSummary, parse_cri_loaded, parse_cri_start_log, summarize
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, resolve_tree
 from pyinfra_gpunode.sections import marker, split_sections
@@ -20,14 +22,10 @@ from pyinfra_gpunode.versions import ContainerdVersionInfo, parse_containerd_ver
 
 DEFAULT_CONFIG = f"{CONFIG_ROOT}/config.toml"
 
-# The config path as the unit starts containerd: `--config X`, `--config=X` or `-c X` in ExecStart.
-_UNIT_CONFIG = (
-    "cfg=$(systemctl show -p ExecStart --value containerd 2>/dev/null | "
-    "sed -n 's/.*argv\\[\\]=\\([^;]*\\);.*/\\1/p' | "
-    'awk \'{for (i = 1; i <= NF; i++) { if ($i == "--config" || $i == "-c") print $(i+1); '
-    "else if ($i ~ /^--config=/) print substr($i, 10) }}' | head -n 1); "
-    f"cfg=${{cfg:-{DEFAULT_CONFIG}}}"
-)
+# The config path as the unit starts containerd: `--config X`, `--config=X` or `-c X` in ExecStart
+# (shell/unit-config.sh), set as `cfg` for later parts of the same command.
+_UNIT_CONFIG_SCRIPT = shell.script(Path(__file__).parent / "shell" / "unit-config.sh")
+_UNIT_CONFIG = f"cfg=$({shell.command(_UNIT_CONFIG_SCRIPT, 'gpunode-unit-config', DEFAULT_CONFIG)})"
 _CFG = '"$cfg"'  # the path _UNIT_CONFIG found, in later parts of the same command
 
 

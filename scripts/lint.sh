@@ -7,5 +7,5 @@ status=0
 .venv/bin/ruff check . || status=1
 .venv/bin/ruff format --check . || status=1
 bash scripts/typecheck.sh || status=1
-shellcheck scripts/*.sh operations/shell/*.sh || status=1
+shellcheck scripts/*.sh operations/shell/*.sh facts/shell/*.sh || status=1
 exit "$status"

@@ -20,7 +20,9 @@ def test_wheel_ships_the_verification_suite(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("plugin", "inventory", "facts", "test_containerd", "test_gpu", "test_host"):
         assert f"pyinfra_gpunode/verify/{module}.py" in names
-    assert "pyinfra_gpunode/operations/shell/toolkit-keyring.sh" in names  # read when operations.nvidia loads
+    for script in ("toolkit-keyring", "containerd-restart", "containerd-restore", "node-lock", "node-unlock"):
+        assert f"pyinfra_gpunode/operations/shell/{script}.sh" in names  # read when the operations load
+    assert "pyinfra_gpunode/facts/shell/unit-config.sh" in names  # read when facts.containerd loads
     (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
     assert (
         "[pytest11]\ngpunode_verify = pyinfra_gpunode.verify.plugin"
