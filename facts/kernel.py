@@ -9,7 +9,7 @@ from pyinfra.api import FactBase
 from typing_extensions import override
 
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesInfo, UnattendedUpgradesState
-from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_sections
+from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_parts, split_sections
 
 SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
@@ -205,6 +205,7 @@ class NouveauBlacklist(FactBase[NouveauBlacklistInfo]):
 
 
 PREP_PART = "@@gpunode-prep:"
+NOUVEAU_CONF = "/etc/modprobe.d/gpunode-blacklist-nouveau.conf"  # this library's blacklist file
 
 
 class HostPrepInfo(TypedDict):
@@ -243,13 +244,7 @@ class HostPrepState(FactBase[HostPrepInfo]):
 
     @override
     def process(self, output: list[str]) -> HostPrepInfo:
-        parts: dict[str, list[str]] = {"kernel": [], "unattended": [], "nouveau": []}
-        current: list[str] = []
-        for line in output:
-            if line.startswith(PREP_PART) and line.removeprefix(PREP_PART) in parts:
-                current = parts[line.removeprefix(PREP_PART)]
-            else:
-                current.append(line)
+        parts = split_parts(output, PREP_PART, ("kernel", "unattended", "nouveau"))
         return {
             "kernel": KernelState().process(parts["kernel"]),
             "unattended": UnattendedUpgradesState().process(parts["unattended"]),

@@ -21,6 +21,7 @@ from pyinfra_gpunode.facts.nvidia import (
     ToolkitInfo,
 )
 from pyinfra_gpunode.readiness import DEVICE_PLUGIN_DIR, VALIDATIONS_DIR
+from pyinfra_gpunode.sections import split_parts
 
 PART = "@@gpunode-readiness:"
 _HAS = "command -v {} >/dev/null 2>&1"
@@ -47,6 +48,9 @@ DEVICE_PLUGIN_SCRIPT = (
     f'for s in {DEVICE_PLUGIN_DIR}/nvidia-*.sock; do if [ -S "$s" ]; then echo "${{s##*/}}"; fi; done; fi'
 )
 
+READINESS_PARTS = (
+    "host", "nvml", "toolkit", "cdi", "containerd", "cri", "xid", "containerd_journal", "validations", "device_plugin",
+)  # fmt: skip
 _SIGNAL = re.compile(r"Sent signal (SIG[A-Z0-9+]+) to main process|code=(?:killed|dumped), status=\d+/(\w+)")
 
 
@@ -147,7 +151,7 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
 
     @override
     def command(self, binary: str) -> str:
-        parts = {
+        parts: dict[str, str] = {
             "host": NvidiaHostState().command(),
             "nvml": NvmlInfo().command(),
             "toolkit": NvidiaContainerToolkit().command(),
@@ -160,17 +164,11 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
             "validations": VALIDATIONS_SCRIPT,
             "device_plugin": DEVICE_PLUGIN_SCRIPT,
         }
-        return "; ".join(f"echo '{PART}{name}'; {script}" for name, script in parts.items()) + "; true"
+        return "; ".join(f"echo '{PART}{name}'; {parts[name]}" for name in READINESS_PARTS) + "; true"
 
     @override
     def process(self, output: list[str]) -> NodeReadinessInfo:
-        parts: dict[str, list[str]] = {}
-        current: list[str] = []
-        for line in output:
-            if line.startswith(PART):
-                current = parts.setdefault(line.removeprefix(PART), [])
-            else:
-                current.append(line)
+        parts = split_parts(output, PART, READINESS_PARTS)
         cri = parts.get("cri", [])
         return {
             "host": NvidiaHostState().process(parts.get("host", [])),

@@ -28,6 +28,19 @@ def split_sections(lines: Iterable[str]) -> dict[str, list[str]]:
     return sections
 
 
+def split_parts(lines: Iterable[str], prefix: str, names: Iterable[str]) -> dict[str, list[str]]:
+    """The parts of a composite fact's output: ``{"name": [lines...]}`` for each of ``names`` (empty when
+    missing), a line ``<prefix><name>`` starting each; lines before the first are dropped."""
+    parts: dict[str, list[str]] = {name: [] for name in names}
+    current: list[str] = []
+    for line in lines:
+        if line.startswith(prefix) and line.removeprefix(prefix) in parts:
+            current = parts[line.removeprefix(prefix)]
+        else:
+            current.append(line)
+    return parts
+
+
 class PackageStatus(TypedDict):
     version: str
     held: bool

@@ -1,0 +1,60 @@
+"""Everything the deploys read from a node, in one command."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from pyinfra_gpunode.facts.kernel import HostPrepInfo, HostPrepState
+from pyinfra_gpunode.facts.nvidia import NodeKind, NodeKindInfo
+from pyinfra_gpunode.facts.readiness import NodeReadiness, NodeReadinessInfo
+from pyinfra_gpunode.sections import split_parts
+
+PART = "@@gpunode-node:"
+
+
+class NodeSnapshotInfo(TypedDict):
+    """``NodeSnapshot``'s value."""
+
+    kind: NodeKindInfo
+    prep: HostPrepInfo
+    readiness: NodeReadinessInfo
+
+
+class NodeSnapshot(FactBase[NodeSnapshotInfo]):
+    """
+    Returns in one command ``NodeKind``, ``HostPrepState`` for ``nouveau_path`` and
+    ``NodeReadiness`` for ``binary`` (which hold every other fact the deploys read before they
+    change anything), each as that fact returns it.
+
+    + binary: path of the nvidia runtime binary
+    + nouveau_path: modprobe.d file meant to blacklist nouveau
+
+    .. code:: python
+
+        {
+            "kind": {"distribution": {"name": "Debian", ...}, "gpus": {"gpus": [...], ...}},
+            "prep": {"kernel": {...}, "unattended": {...}, "nouveau": {...}},
+            "readiness": {"host": {...}, "nvml": None, "toolkit": {...}, "cdi": [], "containerd": {...}, ...},
+        }
+    """
+
+    @override
+    def command(self, binary: str, nouveau_path: str) -> str:
+        parts = {
+            "kind": NodeKind().command(),
+            "prep": HostPrepState().command(nouveau_path),
+            "readiness": NodeReadiness().command(binary),
+        }
+        return "; ".join(f"echo '{PART}{name}'; {script}" for name, script in parts.items()) + "; true"
+
+    @override
+    def process(self, output: list[str]) -> NodeSnapshotInfo:
+        parts = split_parts(output, PART, ("kind", "prep", "readiness"))
+        return {
+            "kind": NodeKind().process(parts["kind"]),
+            "prep": HostPrepState().process(parts["prep"]),
+            "readiness": NodeReadiness().process(parts["readiness"]),
+        }
