@@ -32,6 +32,8 @@ from pyinfra_gpunode.operations import (
     unattended_upgrades,
 )
 from pyinfra_gpunode.operations._internals import current_state
+from pyinfra_gpunode.operations._lock import lock_changes
+from pyinfra_gpunode.operations._shared import node_fact, snapshot_binary
 from pyinfra_gpunode.rollout import NodeReport, NodeSettings, rollout_order
 from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit
 
@@ -71,9 +73,10 @@ def _runtime(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _locked(values: dict[str, Any]) -> None:
-    """The node lock, on live nodes (an image or chroot, ``gpunode_containerd_restart: none``, is not locked)."""
-    live = values["gpunode_containerd_restart"] == "rolling"
-    rollout.node_locked(name="node: locked for this run", _if=lambda: live)
+    """The node lock before this run's first change to a live node (an image or chroot,
+    ``gpunode_containerd_restart: none``, is not locked)."""
+    if values["gpunode_containerd_restart"] == "rolling":
+        lock_changes()
 
 
 # Per run (State): the nodes whose driver changes in their rollout turn: the planned changes and
@@ -140,6 +143,15 @@ def _accepted_settings(gpu: bool = True) -> dict[str, Any] | None:
     """This host's settings (with ``gpu``, the driver and toolkit keys checked too); None once the
     host is set to fail with the reason (naming the key), so that nothing runs on it and a dry run
     prints the reason as its plan."""
+    values, error = _checked_settings(gpu)
+    if values is None:
+        hostdata.accepted(name="host data: accepted", error=error)
+    return values
+
+
+def _checked_settings(gpu: bool = True) -> tuple[dict[str, Any] | None, str]:
+    """``(settings, "")``, or ``(None, why they were refused)``; the node's snapshots then check for
+    the runtime binary its host data names."""
     try:
         values = settings()
         if gpu:
@@ -153,14 +165,14 @@ def _accepted_settings(gpu: bool = True) -> dict[str, Any] | None:
     except HostDataError as exc:
         error = str(exc)
     else:
-        return values
-    hostdata.accepted(name="host data: accepted", error=error)
-    return None
+        snapshot_binary(values["gpunode_nvidia_runtime_binary"])
+        return values, ""
+    return None, error
 
 
 def _preinstalled(values: dict[str, Any]) -> bool:
     """Whether this node keeps its own driver (read before any step; the driver step changes nothing then)."""
-    loaded = host.get_fact(NvidiaDriver)["kernel_module_version"]
+    loaded = node_fact(NvidiaDriver)["kernel_module_version"]
     source, _ = resolve_source(values["gpunode_driver_source"], check_request(_driver_request(values)), loaded)
     return source == "preinstalled"
 
@@ -169,7 +181,7 @@ def _driver_ready(values: dict[str, Any]) -> bool:
     """``_if`` of the GPU steps after the driver: false (and reported) while a reboot is pending."""
     report = _report()
     if report.driver_ready is None:
-        driver = host.get_fact(NvidiaDriver)
+        driver = node_fact(NvidiaDriver)
         loaded, userspace = driver["kernel_module_version"], driver["userspace_version"]
         report.driver_ready = bool(loaded and userspace and not driver["mismatch"])
         source, _ = resolve_source(values["gpunode_driver_source"], check_request(_driver_request(values)), loaded)
@@ -227,14 +239,14 @@ def gpu_node_prepared() -> None:
     steps after it, between the rollout hooks; everything else runs on all nodes at once. A node
     whose host data is refused fails with the reason before anything runs on it.
     """
-    kind = host.get_fact(NodeKind)  # distribution and GPUs in one read
+    values, error = _checked_settings()
+    kind = node_fact(NodeKind)  # distribution and GPUs, with everything else the steps read
     if distribution.refusal(kind["distribution"]["release_meta"]):
         distribution.supported(name="distribution: supported")  # fails the node before any change
         return
-    values = _accepted_settings()
     if values is None:
+        hostdata.accepted(name="host data: accepted", error=error)
         return
-    _locked(values)
     kernel.held(name="kernel: held", present=values["gpunode_kernel_hold"])
     unattended_upgrades.configured(
         name="unattended-upgrades and needrestart: configured",

@@ -16,6 +16,7 @@ from pyinfra.api import deploy
 
 from pyinfra_gpunode.hostdata import HostDataError, validate
 from pyinfra_gpunode.operations import hostdata, readiness
+from pyinfra_gpunode.operations._shared import snapshot_binary
 
 
 @deploy("Report GPU node readiness")
@@ -30,6 +31,7 @@ def node_readiness_reported(fail_not_ready: bool = True) -> None:
     except HostDataError as error:
         hostdata.accepted(name="host data: accepted", error=str(error))
         return
+    snapshot_binary(values["gpunode_nvidia_runtime_binary"])
     readiness.reported(
         name="readiness: every link of the chain",
         binary=values["gpunode_nvidia_runtime_binary"],

@@ -89,3 +89,13 @@ def outside_operation(node: Host) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(node, name, value)
+
+
+def node_changes(run: State, node: Host) -> int:
+    """How many of ``node``'s operations in this run (nested ones included) completed with a change or failed."""
+    return sum(
+        1
+        for data in run.ops.get(node, {}).values()
+        if data.operation_meta.is_complete()
+        and (data.operation_meta.did_change() or not data.operation_meta.did_succeed())
+    )

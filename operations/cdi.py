@@ -12,6 +12,8 @@ from pyinfra_gpunode.driver_versions import same_driver
 from pyinfra_gpunode.facts.cdi import CdiSpec, CdiSpecs, missing_devices
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaGpus
 from pyinfra_gpunode.operations._atomic import fail
+from pyinfra_gpunode.operations._lock import locked_before_changes
+from pyinfra_gpunode.operations._shared import node_fact
 
 DEFAULT_SPEC = "/etc/cdi/nvidia.yaml"
 
@@ -32,6 +34,7 @@ def refresh_reason(path: str, current: CdiSpec | None, loaded: str, gpu_count: i
 
 
 @operation()
+@locked_before_changes
 def spec(path: str = DEFAULT_SPEC) -> Generator[Any, Any, None]:
     """
     Generate the NVIDIA CDI spec with ``nvidia-ctk`` when it is missing, stale or incomplete.
@@ -56,15 +59,15 @@ def spec(path: str = DEFAULT_SPEC) -> Generator[Any, Any, None]:
         yield fail(f"CDI spec path must be a .yaml file in /etc/cdi/ or /var/run/cdi/, got {path!r}")
         return
 
-    loaded = host.get_fact(NvidiaDriver)["kernel_module_version"]
+    loaded = node_fact(NvidiaDriver)["kernel_module_version"]
     if not loaded:
         host.noop("no NVIDIA driver is loaded; CDI spec not generated")
         return
-    current = {item["path"]: item for item in host.get_fact(CdiSpecs)}.get(path)
+    current = {item["path"]: item for item in node_fact(CdiSpecs)}.get(path)
     if current is not None and current["error"]:
         yield fail(f"{current['error']}; move it away or fix it, then run again")
         return
-    gpu_count = len(host.get_fact(NvidiaGpus)["gpus"])
+    gpu_count = len(node_fact(NvidiaGpus)["gpus"])
     reason = refresh_reason(path, current, loaded, gpu_count)
     if reason is None:
         host.noop(f"CDI spec {path} matches driver {loaded} and lists the node's {gpu_count} GPU(s) and all")

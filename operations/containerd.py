@@ -38,6 +38,8 @@ from pyinfra_gpunode.facts.containerd import (
 )
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail, write_file
+from pyinfra_gpunode.operations._lock import locked_before_changes
+from pyinfra_gpunode.operations._shared import node_fact
 
 BACKUP_DIR = "/var/lib/pyinfra-gpunode/backup"  # mode 0700: the files can carry registry credentials
 FAILED_DIR = "/var/lib/pyinfra-gpunode/failed"  # mode 0700, like the backups
@@ -99,7 +101,7 @@ def registration(
     for spec_dir in dirs:
         _check_absolute("cdi_spec_dirs entry", spec_dir)
 
-    node = host.get_fact(ContainerdNodeState, binary=binary)
+    node = node_fact(ContainerdNodeState, binary=binary)
     version, files, before = node["version"], node["files"], node["dump"]
     if not version:
         return Registration(
@@ -196,6 +198,7 @@ def registration(
 
 
 @operation()
+@locked_before_changes
 def nvidia_runtime(
     binary: str = "/usr/bin/nvidia-container-runtime",
     systemd_cgroup: bool | None = None,
@@ -269,6 +272,7 @@ def backup_paths(main_path: str) -> list[str]:
 
 
 @operation(is_idempotent=False, idempotent_notice="Takes a new copy each time it runs.")
+@locked_before_changes
 def config_backed_up(path: str) -> Generator[Any, Any, None]:
     """
     Save containerd's config tree in a tar readable by root only, before it is changed.
@@ -337,6 +341,7 @@ def _restore(backup: str, paths: list[str], failure: str) -> StringCommand:
     is_idempotent=False,
     idempotent_notice="Restarts containerd only when its config is newer than the daemon or the unit is down.",
 )
+@locked_before_changes
 def restarted_if_pending(
     timeout: int = 60, backup: str | None = None, dropped_runtimes: list[str] | None = None
 ) -> Generator[Any, Any, None]:
@@ -369,14 +374,14 @@ def restarted_if_pending(
 
         containerd.restarted_if_pending(name="Restart containerd where pending", timeout=60)
     """
-    service = host.get_fact(ContainerdService)
+    service = node_fact(ContainerdService)
     if not service or not service["restart_pending"]:
         host.noop("containerd runs its current config")
         return
-    files = host.get_fact(ContainerdConfigFiles)
-    dump = host.get_fact(ContainerdConfigDump, config_path=files["main_path"])
+    files = node_fact(ContainerdConfigFiles)
+    dump = node_fact(ContainerdConfigDump, config_path=files["main_path"])
     address = str((dump["dump"] if dump else {}).get("grpc", {}).get("address") or DEFAULT_ADDRESS)
-    previous = host.get_fact(ContainerdCriLoaded, address=address)
+    previous = node_fact(ContainerdCriLoaded, address=address)
     expected = expected_after_restart(summarize(dump["dump"] if dump else {}), previous, dropped_runtimes or ())
     restart = StringCommand(shell.command(_RESTART_AND_WAIT, "gpunode-restart", str(max(1, int(timeout)) * 5), address))
     if state.is_executing:

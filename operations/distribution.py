@@ -10,6 +10,7 @@ from pyinfra.api import OperationValueError, operation
 from pyinfra.facts.server import LinuxDistribution
 
 from pyinfra_gpunode.operations._atomic import fail
+from pyinfra_gpunode.operations._shared import node_fact
 
 SUPPORTED = ("debian", "ubuntu")
 
@@ -45,7 +46,7 @@ def supported(distributions: Sequence[str] = SUPPORTED) -> Generator[Any, Any, N
     """
     if not distributions or not all(isinstance(name, str) and name for name in distributions):
         raise OperationValueError(f"distributions must be os-release IDs like 'debian', got {distributions!r}")
-    release_meta = host.get_fact(LinuxDistribution)["release_meta"]
+    release_meta = node_fact(LinuxDistribution)["release_meta"]
     problem = refusal(release_meta, distributions)
     if problem:
         yield fail(problem)

@@ -9,11 +9,12 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 
-from pyinfra_gpunode.facts.kernel import initramfs_stamp
+from pyinfra_gpunode.facts.kernel import NOUVEAU_CONF, KernelState, NouveauBlacklist, initramfs_stamp
 from pyinfra_gpunode.kernel_plan import kernel_packages
 from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._atomic import write_file
-from pyinfra_gpunode.operations._prep import NOUVEAU_CONF, prep_state
+from pyinfra_gpunode.operations._lock import locked_before_changes
+from pyinfra_gpunode.operations._shared import node_fact
 
 NOUVEAU_TEXT = (
     "# Managed by pyinfra-gpunode: the NVIDIA driver owns the GPUs on this node.\n"
@@ -33,6 +34,7 @@ REBOOT_REQUIRED = (
 
 
 @operation()
+@locked_before_changes
 def held(release: str | None = None, present: bool = True) -> Generator[Any, Any, None]:
     """
     Hold the kernel's packages so no newer kernel is installed behind the driver's back.
@@ -54,7 +56,7 @@ def held(release: str | None = None, present: bool = True) -> Generator[Any, Any
     if release is not None and (not release or "/" in release or release.startswith("-")):
         raise OperationValueError(f"release must be a kernel release like 6.12.117+deb13-amd64, got {release!r}")
 
-    state = prep_state("kernel")
+    state = node_fact(KernelState)
     target = release or state["running"]
     packages = kernel_packages(target or "", state["packages"])
     held_now = set(state["held"])
@@ -80,6 +82,7 @@ def held(release: str | None = None, present: bool = True) -> Generator[Any, Any
 
 
 @operation()
+@locked_before_changes
 def nouveau_blacklisted(path: str = NOUVEAU_CONF) -> Generator[Any, Any, None]:
     """
     Blacklist the nouveau driver and regenerate the initramfs (``update-initramfs`` or
@@ -102,7 +105,7 @@ def nouveau_blacklisted(path: str = NOUVEAU_CONF) -> Generator[Any, Any, None]:
     if not path.startswith("/etc/modprobe.d/") or not path.endswith(".conf") or "\n" in path:
         raise OperationValueError(f"path must be a .conf file in /etc/modprobe.d/, got {path!r}")
 
-    state = prep_state("nouveau", path, path=path)
+    state = node_fact(NouveauBlacklist, path=path)
     if state["content"] == NOUVEAU_TEXT and state["initramfs"] == NOUVEAU_TEXT:
         if state["loaded"]:
             host.noop("nouveau is blacklisted; it is still loaded until the node reboots (reboot required)")

@@ -43,6 +43,8 @@ from pyinfra_gpunode.facts.nvidia import (
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._atomic import write_file
+from pyinfra_gpunode.operations._lock import locked_before_changes
+from pyinfra_gpunode.operations._shared import node_fact
 from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit, newest_common_version, toolkit_source
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
@@ -83,6 +85,7 @@ def _host_info(facts: NvidiaHostStateInfo) -> HostInfo:
 
 
 @operation()
+@locked_before_changes
 def driver(
     source: str = "auto",
     branch: str | None = None,
@@ -139,7 +142,7 @@ def driver(
     except DriverRequestError as exc:
         raise OperationValueError(str(exc)) from exc
 
-    facts = host.get_fact(NvidiaHostState)
+    facts = node_fact(NvidiaHostState)
     if not facts["pci"]["gpus"]:
         host.noop("no NVIDIA GPU on this node; driver skipped")
         return
@@ -200,7 +203,7 @@ def driver_changes(
         request = check_request(DriverRequest(branch, version, flavor, allow_dkms, mok_enrolled))
     except DriverRequestError:
         return []
-    facts = host.get_fact(NvidiaHostState)
+    facts = node_fact(NvidiaHostState)
     if source not in DRIVER_SOURCES or not facts["pci"]["gpus"]:
         return []
     error, _, plan = _planned(facts, source, request, replace_preinstalled)
@@ -316,6 +319,7 @@ def _check_loaded(version: str | None) -> Generator[Any, Any, None]:
 
 
 @operation()
+@locked_before_changes
 def fabric_manager(version: str | None = None, preinstalled: bool = False) -> Generator[Any, Any, None]:
     """
     Install Fabric Manager at exactly the loaded driver's version, held, on NVSwitch systems only.
@@ -337,7 +341,7 @@ def fabric_manager(version: str | None = None, preinstalled: bool = False) -> Ge
     """
     if version is not None and not re.match(r"^\d+\.\d+(\.\d+)?$", version):
         raise OperationValueError(f"version must be a driver version like 580.126.20, got {version!r}")
-    facts = host.get_fact(NvidiaHostState)
+    facts = node_fact(NvidiaHostState)
     if not facts["pci"]["nvswitch"]:
         host.noop("no NVSwitch on this node; Fabric Manager not needed")
         return
@@ -375,6 +379,7 @@ def fabric_manager(version: str | None = None, preinstalled: bool = False) -> Ge
 
 
 @operation()
+@locked_before_changes
 def container_toolkit(
     source: str = "auto",
     version: str | None = None,
@@ -405,7 +410,7 @@ def container_toolkit(
     except ToolkitRequestError as exc:
         raise OperationValueError(str(exc)) from exc
 
-    toolkit = host.get_fact(NvidiaContainerToolkit)
+    toolkit = node_fact(NvidiaContainerToolkit)
     packages, held = toolkit["packages"], set(toolkit["held"])
     complete = all(name in packages for name in TOOLKIT_PACKAGES)
     found_outside = bool(toolkit.get("ctk_path") and toolkit["runtime_binary"])

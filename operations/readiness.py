@@ -15,6 +15,7 @@ from pyinfra_gpunode.facts.readiness import NodeReadiness
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail
 from pyinfra_gpunode.operations._internals import current_state
+from pyinfra_gpunode.operations._shared import node_fact
 from pyinfra_gpunode.readiness import NodeReadiness as Report
 from pyinfra_gpunode.readiness import assess, fleet_json, fleet_text, node_text
 
@@ -51,7 +52,7 @@ def reported(
     run = current_state()
     reports = REPORTS.setdefault(run, {})
     if host.name not in reports:
-        reports[host.name] = assess(host.name, host.get_fact(NodeReadiness, binary=binary), binary, cdi_spec_path)
+        reports[host.name] = assess(host.name, node_fact(NodeReadiness, binary=binary), binary, cdi_spec_path)
         _print_when_complete(run, reports, json_path)
     report = reports[host.name]
     first = report.first_broken

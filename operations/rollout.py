@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
-import uuid
 import weakref
 from collections.abc import Generator, Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal
 
 from pyinfra import host, state
@@ -21,10 +18,9 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.facts.server import Hostname
 
-from pyinfra_gpunode import shell
 from pyinfra_gpunode.hooks import hook_argv, hook_environment, placeholders
 from pyinfra_gpunode.log import logger
-from pyinfra_gpunode.operations import containerd
+from pyinfra_gpunode.operations import _lock, containerd
 from pyinfra_gpunode.operations._atomic import fail
 from pyinfra_gpunode.operations._internals import (
     changed_operations,
@@ -48,16 +44,6 @@ from pyinfra_gpunode.rollout import (
 OUTCOMES: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
 # Per run (State): node name -> what the earlier steps skipped or left pending, for the summary.
 REPORTS: weakref.WeakKeyDictionary[State, dict[str, NodeReport]] = weakref.WeakKeyDictionary()
-# Per run (State): who this run is, as the node lock names its holder; the nodes it holds.
-_HOLDERS: weakref.WeakKeyDictionary[State, str] = weakref.WeakKeyDictionary()
-_LOCKED: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
-
-LOCK = "/run/lock/pyinfra-gpunode.lock"
-
-# Hold LOCK in a background process for as long as this connection lives or until node_unlocked
-# ends it (shell/node-lock.sh); end the holder this run started, and only that one (shell/node-unlock.sh).
-_TAKE_LOCK = shell.script(Path(__file__).parent / "shell" / "node-lock.sh")
-_RELEASE_LOCK = shell.script(Path(__file__).parent / "shell" / "node-unlock.sh")
 
 
 @operation(is_idempotent=False, idempotent_notice="Takes the lock once per run and node.")
@@ -80,18 +66,10 @@ def node_locked() -> Generator[Any, Any, None]:
     if not state.is_executing:
         host.noop("the node lock is taken when the run executes")
         return
-    run = current_state()
-    locked = _LOCKED.setdefault(run, set())
-    if host.name in locked:
+    if _lock.holds(current_state(), host.name):
         host.noop("this run holds the node lock")
         return
-    if run not in _HOLDERS:
-        _HOLDERS[run] = (
-            f"pyinfra-gpunode run {uuid.uuid4().hex[:12]} from {socket.gethostname()} pid {os.getpid()} "
-            f"since {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}"
-        )
-    yield StringCommand(shell.command(_TAKE_LOCK, "gpunode-lock", LOCK, _HOLDERS[run]))
-    locked.add(host.name)
+    yield from _lock.take()
 
 
 @operation(is_idempotent=False, idempotent_notice="Releases the lock this run holds, if any.")
@@ -105,12 +83,10 @@ def node_unlocked() -> Generator[Any, Any, None]:
 
         rollout.node_unlocked(name="node: lock released")
     """
-    run = current_state()
-    if not state.is_executing or host.name not in _LOCKED.get(run, set()):
+    if not state.is_executing or not _lock.holds(current_state(), host.name):
         host.noop("this run holds no node lock")
         return
-    yield StringCommand(shell.command(_RELEASE_LOCK, "gpunode-lock", LOCK, _HOLDERS[run]))
-    _LOCKED[run].discard(host.name)
+    yield from _lock.release()
 
 
 @operation(is_idempotent=False, idempotent_notice="Writes and restarts only on nodes whose config differs.")
@@ -295,13 +271,18 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
     did: list[str] = []
     with on_host(state, node):
         hostname = _hostname(node, settings) if hooked else ""
+    # The conducting host is inside this operation: its nested steps run as if it were not.
+    # pyinfra's context manager does not restore the host on an exception: catch inside it.
+    with outside_operation(node), on_host(state, node):
+        try:
+            node_locked(name="node: locked for its turn")  # before the before-hook drains it
+        except NestedOperationError as error:
+            return f"failed: {_cause(state, node, error)}; the node was not touched"
     if hooked and settings["before"]:
         failure = _hook(node, "before", settings, hostname, changes)
         if failure:
             return f"failed: before-hook {failure}; the node was not touched"
         did.append("before-hook")
-    # The conducting host is inside this operation: its nested steps run as if it were not.
-    # pyinfra's context manager does not restore the host on an exception: catch inside it.
     with outside_operation(node), on_host(state, node):
         try:
             writes = bool(found.writes) and not found.problem  # a refused config: nothing to back up
@@ -309,7 +290,7 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
                 settings["steps"]()
                 did.extend(settings["driver"])
                 if any(change.startswith("driver: reboot") for change in settings["driver"]):
-                    _LOCKED.get(state, set()).discard(node.name)  # the lock's holder ended with the boot
+                    _lock.lost(state, node.name)  # the lock's holder ended with the boot
                     node_locked(name="node: locked again after the reboot")
                 writes = bool(containerd.registration(**settings["runtime"]).writes)
             backup = _backup_path() if writes else None
@@ -323,9 +304,8 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
                 dropped_runtimes=found.dropped_runtimes,
             )
         except NestedOperationError as error:
-            stderr = operation_result(state, node, failed_operation(error)).stderr.strip()
-            cause = stderr.splitlines()[-1] if stderr else "see the log above"
-            return f"failed: {cause}" + ("; after-hook not run" if hooked and settings["after"] else "")
+            unrun = "; after-hook not run" if hooked and settings["after"] else ""
+            return f"failed: {_cause(state, node, error)}{unrun}"
     if written.did_change():
         did.append("containerd written")
     if restarted.did_change():
@@ -336,6 +316,12 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
             return f"failed: after-hook {failure}; the node was changed: {', '.join(did)}"
         did.append("after-hook")
     return f"done: {', '.join(did)}" if did else "unchanged"
+
+
+def _cause(state: State, node: Host, error: NestedOperationError) -> str:
+    """The last line the failed nested operation printed on stderr."""
+    stderr = operation_result(state, node, failed_operation(error)).stderr.strip()
+    return stderr.splitlines()[-1] if stderr else "see the log above"
 
 
 def _hook(

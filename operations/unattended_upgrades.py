@@ -8,10 +8,11 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 
-from pyinfra_gpunode.facts.unattended_upgrades import APT_CONF, NEEDRESTART_CONF
+from pyinfra_gpunode.facts.unattended_upgrades import APT_CONF, NEEDRESTART_CONF, UnattendedUpgradesState
 from pyinfra_gpunode.needrestart import DEFAULT_KEEP, render_needrestart_conf
 from pyinfra_gpunode.operations._atomic import write_file
-from pyinfra_gpunode.operations._prep import prep_state
+from pyinfra_gpunode.operations._lock import locked_before_changes
+from pyinfra_gpunode.operations._shared import node_fact
 from pyinfra_gpunode.unattended import DEFAULT_BLACKLIST, MODES, SERVICE, TIMERS, render_apt_conf
 
 
@@ -25,6 +26,7 @@ def _systemctl(persist: str, now: str, units: list[str]) -> StringCommand:
 
 
 @operation()
+@locked_before_changes
 def configured(
     mode: str = "disabled",
     blacklist: Sequence[str] = DEFAULT_BLACKLIST,
@@ -59,7 +61,7 @@ def configured(
     except ValueError as exc:
         raise OperationValueError(str(exc)) from exc
 
-    state = prep_state("unattended", apt_conf=APT_CONF, needrestart_conf=NEEDRESTART_CONF)
+    state = node_fact(UnattendedUpgradesState, apt_conf=APT_CONF, needrestart_conf=NEEDRESTART_CONF)
     changed = False
     if state["apt_conf"] != apt_text:
         changed = True

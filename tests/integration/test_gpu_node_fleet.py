@@ -138,10 +138,15 @@ def test_clean_and_field_incident_nodes_converge_in_inventory_order(fleet: Fleet
 
     pids = {node: main_pid(fleet, node) for node in NODES}
     etc = {node: digest(fleet, node, "/etc") for node in NODES}
-    second = deploy(fleet, "-y")
+    locks = {node: sh(fleet, node, "cat /run/lock/pyinfra-gpunode.lock") for node in NODES}
+    second = deploy(fleet, "-y", "--debug")
     assert second.returncode == 0, second.stdout
     assert {node: main_pid(fleet, node) for node in NODES} == pids, "the second run restarted containerd"
     assert {node: digest(fleet, node, "/etc") for node in NODES} == etc, "the second run changed files"
+    # Nothing to do: one remote command per node (its snapshot, read once for every step), no lock taken.
+    ran = re.findall(r"Running command on (node\d): ", second.stdout)
+    assert {node: ran.count(node) for node in NODES} == dict.fromkeys(NODES, 1), ran
+    assert {node: sh(fleet, node, "cat /run/lock/pyinfra-gpunode.lock") for node in NODES} == locks
 
 
 def test_restart_failure_on_node2_rolls_back_and_halts(fleet: Fleet) -> None:

@@ -17,7 +17,9 @@ from pyinfra.api.operations import run_ops
 
 from pyinfra_gpunode.facts.cdi import CdiSpecs
 from pyinfra_gpunode.facts.containerd import ContainerdNodeState
-from pyinfra_gpunode.facts.kernel import PREP_PART, HostPrepState
+from pyinfra_gpunode.facts.kernel import PREP_PART, HostPrepState, KernelState, NouveauBlacklist
+from pyinfra_gpunode.facts.node import PART as NODE_PART
+from pyinfra_gpunode.facts.node import NodeSnapshot
 from pyinfra_gpunode.facts.nvidia import (
     KIND_PART,
     NodeKind,
@@ -26,6 +28,8 @@ from pyinfra_gpunode.facts.nvidia import (
     NvidiaGpus,
     NvidiaHostState,
 )
+from pyinfra_gpunode.facts.readiness import PART as READINESS_PART
+from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
 from pyinfra_gpunode.operations.kernel import NOUVEAU_CONF
 from pyinfra_gpunode.operations.rollout import REPORTS
 from pyinfra_gpunode.pipeline import gpu_node_prepared
@@ -85,6 +89,12 @@ def fake_host(name: str, driver: list[str]) -> tuple[str, dict[str, Any]]:
             f"{PREP_PART}nouveau",
             *fixture_output("kernel.NouveauBlacklist", "absent"),
         ],
+        # each step's own read once an earlier step changed the node
+        KernelState().command(): fixture_output("kernel.KernelState", "debian_trixie_unheld"),
+        UnattendedUpgradesState().command(): fixture_output(
+            "unattended_upgrades.UnattendedUpgradesState", "debian_trixie_default"
+        ),
+        NouveauBlacklist().command(NOUVEAU_CONF): fixture_output("kernel.NouveauBlacklist", "absent"),
         NvidiaHostState().command(): host_state,
         ContainerdNodeState().command(RUNTIME): (TESTS / "samples/containerd-node-state-1.7-converged.txt")
         .read_text()
@@ -106,7 +116,7 @@ def fake_host(name: str, driver: list[str]) -> tuple[str, dict[str, Any]]:
         NvidiaGpus().command(): ["@@pci", "0000:41:00.0 0x030200 0x2331", "@@nvswitch"],
     }
     data = {
-        "fake_responses": responses,
+        "fake_responses": {re.compile(r">&2 && exit 1$"): {"success": False}, **snapshot(responses), **responses},
         "fake_delay": 0,
         "fake_delay_jitter": 0,
         "gpunode_driver_version": "550.163.01",
@@ -117,6 +127,20 @@ def fake_host(name: str, driver: list[str]) -> tuple[str, dict[str, Any]]:
     return f"@fake/{name}", data
 
 
+def snapshot(responses: dict[Any, Any]) -> dict[str, list[str]]:
+    """The node snapshot's answer, made of the answers to the facts it holds."""
+    readiness = {
+        "host": responses[NvidiaHostState().command()],
+        "toolkit": responses[NvidiaContainerToolkit().command()],
+        "cdi": responses[CdiSpecs().command()],
+        "containerd": responses[ContainerdNodeState().command(RUNTIME)],
+    }
+    lines = [f"{NODE_PART}kind", *responses[NodeKind().command()], f"{NODE_PART}prep"]
+    lines += responses[HostPrepState().command(NOUVEAU_CONF)] + [f"{NODE_PART}readiness"]
+    lines += [line for part, text in readiness.items() for line in (f"{READINESS_PART}{part}", *text)]
+    return {NodeSnapshot().command(RUNTIME, NOUVEAU_CONF): lines}
+
+
 def h200_host(name: str) -> tuple[str, dict[str, Any]]:
     """The H200 sample: driver 580.159.04 installed outside apt and loaded; no GPU host data at all."""
     target, data = fake_host(name, fixture_output("nvidia.NvidiaDriver", "h200_open_580_preinstalled"))
@@ -124,6 +148,7 @@ def h200_host(name: str) -> tuple[str, dict[str, Any]]:
     responses[NvidiaHostState().command()] = fixture_output("nvidia.NvidiaHostState", "h200_ubuntu_preinstalled")
     responses[NvidiaGpus().command()] = fixture_output("nvidia.NvidiaGpus", "h200_pcie")
     responses[NodeKind().command()] = [*responses[NodeKind().command()][:6], *responses[NvidiaGpus().command()]]
+    responses.update(snapshot(responses))
     return target, {key: value for key, value in data.items() if not key.startswith("gpunode_")}
 
 

@@ -14,6 +14,9 @@ from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.operations import run_ops
 
+from pyinfra_gpunode.facts.kernel import NOUVEAU_CONF
+from pyinfra_gpunode.facts.node import PART as NODE_PART
+from pyinfra_gpunode.facts.node import NodeSnapshot
 from pyinfra_gpunode.facts.readiness import PART, NodeReadiness
 from pyinfra_gpunode.operations.readiness import REPORTS
 from pyinfra_gpunode.readiness_deploy import node_readiness_reported
@@ -58,6 +61,7 @@ def completed() -> list[str]:
 def fake_host(name: str, lines: list[str], report: Path) -> tuple[str, dict[str, Any]]:
     responses: dict[Any, Any] = {
         re.compile(r">&2 && exit 1$"): {"success": False},  # operations' fail(): a failing command
+        NodeSnapshot().command(RUNTIME, NOUVEAU_CONF): [f"{NODE_PART}readiness", *lines],  # read as one
         NodeReadiness().command(RUNTIME): lines,
     }
     data = {"fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0, "gpunode_readiness_json": str(report)}

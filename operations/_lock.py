@@ -1,0 +1,103 @@
+"""The node lock: held by this run from its first change on a node, so two runs never change one node at once.
+
+A node is locked only once this run is about to change it (``locked_before_changes``), so a run
+that finds nothing to do on a node leaves its lock alone; ``rollout.node_locked`` takes it
+explicitly (a rollout turn, before its before-hook) and ``rollout.node_unlocked`` releases it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import uuid
+import weakref
+from collections.abc import Callable, Generator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ParamSpec
+
+from pyinfra import host, state
+from pyinfra.api import StringCommand
+from pyinfra.api.host import Host
+from pyinfra.api.state import State
+
+from pyinfra_gpunode import shell
+from pyinfra_gpunode.operations._internals import current_host, current_state
+
+P = ParamSpec("P")
+
+LOCK = "/run/lock/pyinfra-gpunode.lock"
+
+# Hold LOCK in a background process for as long as this connection lives or until node_unlocked
+# ends it (shell/node-lock.sh); end the holder this run started, and only that one (shell/node-unlock.sh).
+_TAKE_LOCK = shell.script(Path(__file__).parent / "shell" / "node-lock.sh")
+_RELEASE_LOCK = shell.script(Path(__file__).parent / "shell" / "node-unlock.sh")
+
+# Per run (State): who this run is, as the lock names its holder; the nodes it holds; the nodes
+# whose changes take the lock first (live nodes: an image or chroot is not locked).
+_HOLDERS: weakref.WeakKeyDictionary[State, str] = weakref.WeakKeyDictionary()
+_LOCKED: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
+_LIVE: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
+
+
+def lock_changes() -> None:
+    """This node's changes in this run take the node lock first (call it while the deploy is added)."""
+    if isinstance(current_host(), Host):
+        _LIVE.setdefault(current_state(), set()).add(host.name)
+
+
+def holds(run: State, name: str) -> bool:
+    return name in _LOCKED.get(run, set())
+
+
+def take() -> Generator[Any, Any, None]:
+    """The command that takes this node's lock for this run (waiting up to 10 s for another run), if it
+    does not hold it yet; nothing while not executing."""
+    run = current_state()
+    if not state.is_executing or holds(run, host.name):
+        return
+    if run not in _HOLDERS:
+        _HOLDERS[run] = (
+            f"pyinfra-gpunode run {uuid.uuid4().hex[:12]} from {socket.gethostname()} pid {os.getpid()} "
+            f"since {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}"
+        )
+    yield StringCommand(shell.command(_TAKE_LOCK, "gpunode-lock", LOCK, _HOLDERS[run]))
+    _LOCKED.setdefault(run, set()).add(host.name)
+
+
+def release() -> Generator[Any, Any, None]:
+    """The command that ends this run's holder of this node's lock, if it holds it."""
+    run = current_state()
+    if not state.is_executing or not holds(run, host.name):
+        return
+    yield StringCommand(shell.command(_RELEASE_LOCK, "gpunode-lock", LOCK, _HOLDERS[run]))
+    _LOCKED[run].discard(host.name)
+
+
+def lost(run: State, name: str) -> None:
+    """Node ``name``'s holder is gone (it rebooted): its next change takes the lock again."""
+    _LOCKED.get(run, set()).discard(name)
+
+
+def locked_before_changes(
+    operation: Callable[P, Generator[Any, Any, None]],
+) -> Callable[P, Generator[Any, Any, None]]:
+    """An operation's generator that, on a node whose changes take the lock (``lock_changes``), takes
+    it right before the operation's first command; an operation that yields nothing takes nothing."""
+
+    @functools.wraps(operation)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Generator[Any, Any, None]:
+        commands = operation(*args, **kwargs)
+        try:
+            first = next(commands, None)
+            if first is None:
+                return
+            if state.is_executing and host.name in _LIVE.get(current_state(), set()):
+                yield from take()
+            yield first
+            yield from commands
+        finally:
+            commands.close()
+
+    return wrapper
