@@ -24,6 +24,7 @@ from pyinfra_gpunode.operations._internals import (
     current_host,
     current_state,
     failed_operation,
+    node_changes,
     on_host,
     operation_result,
     outside_operation,
@@ -70,6 +71,7 @@ def run() -> State:
     connect_all(state)
     try:
         add_op(state, server.shell, name="plain: changes", commands=["echo changed"])
+        add_op(state, server.shell, name="plain: nothing to run", commands=[])
         add_op(state, conducted, name="conducted", other="@fake/b")
         run_ops(state)
     finally:
@@ -118,3 +120,13 @@ def test_changed_operations_names_the_completed_changes_in_order(run: State) -> 
     )
     names = changed_operations(run, run.inventory.get_host("@fake/b"))
     assert names[0] == "plain: changes" and "nested: ok" in names and "nested: fails" not in names, names
+
+
+def test_node_changes_counts_completed_changes_and_failures_nested_ones_included(run: State) -> None:
+    assert node_changes(run, run.inventory.get_host("@fake/a")) == 2, (
+        "OperationMeta.is_complete(), did_change(), did_succeed() or State.ops[host] changed"
+    )
+    # @fake/b: its own two changes, the nested one that ran and the nested one that failed
+    assert node_changes(run, run.inventory.get_host("@fake/b")) == 4, (
+        "nested operations (one changed, one failed) are no longer in State.ops[host]"
+    )
