@@ -1,12 +1,14 @@
 """One read per node (``NodeSnapshot``) for the facts the deploys read before they change anything.
 
-The first fact asked for through ``node_fact`` on a node reads the node's whole snapshot; later
-asks take their part of it while nothing can have changed the node since the read: no operation
-of the node has completed with a change, or failed, since, and the read was taken in the same
+The first fact asked for through ``node_fact`` on a node reads the node's whole snapshot. Every
+fact the snapshot holds is part of another (``ContainerdService`` of ``ContainerdNodeState``, that
+of ``NodeReadiness``, that of the snapshot), and a fact asked for later is taken from the newest
+read of itself or of a fact that holds it, as long as that read is current: no operation of the
+node has completed with a change, or failed, since it was taken, and it was taken in the same
 pass (prepare, or execute) or, when pyinfra skips change detection (``-y``: the operations run
-right after the prepare pass, no prompt between), in the prepare pass. Otherwise, for a fact the
-snapshot does not hold with the arguments asked for, and on pyinfra-testing's fake hosts,
-``node_fact`` reads that single fact.
+right after the prepare pass, no prompt between), in the prepare pass. Otherwise ``node_fact``
+reads that one fact (and keeps it for the facts it holds); a pass that has no snapshot of its
+own to go on reads the snapshot again. On pyinfra-testing's fake hosts it reads the one fact.
 
 Ask through ``node_fact`` only before an operation yields its first command; read again with
 ``host.get_fact`` once a command ran.
@@ -33,8 +35,8 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdNodeState,
     ContainerdService,
 )
-from pyinfra_gpunode.facts.kernel import NOUVEAU_CONF, KernelState, NouveauBlacklist
-from pyinfra_gpunode.facts.node import NodeSnapshot, NodeSnapshotInfo
+from pyinfra_gpunode.facts.kernel import NOUVEAU_CONF, HostPrepState, KernelState, NouveauBlacklist
+from pyinfra_gpunode.facts.node import NodeSnapshot
 from pyinfra_gpunode.facts.nvidia import (
     NodeKind,
     NvidiaContainerToolkit,
@@ -48,48 +50,55 @@ from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
 from pyinfra_gpunode.operations._internals import current_host, current_state, node_changes
 
 T = TypeVar("T")
+Fact = type[FactBase[Any]]
 
 DEFAULT_BINARY = "/usr/bin/nvidia-container-runtime"
 
 
-@dataclass(frozen=True)
-class _Read:
-    executing: bool
-    changes: int  # the node's completed operations that changed it or failed, at the read
-    arguments: dict[str, str]  # NodeSnapshot's
-    value: NodeSnapshotInfo
+def _no_arguments(arguments: dict[str, Any], value: Any) -> dict[str, Any]:
+    return {}
 
 
-# Each fact the snapshot holds: where in it, and the fact's arguments it was read with (from the
-# snapshot's own arguments and value).
-Part = Callable[[NodeSnapshotInfo], Any]
-Held = Callable[[dict[str, str], NodeSnapshotInfo], dict[str, Any]]
-_NONE: Held = lambda arguments, value: {}  # noqa: E731
-_PARTS: dict[type[FactBase[Any]], tuple[Part, Held]] = {
-    NodeKind: (lambda s: s["kind"], _NONE),
-    LinuxDistribution: (lambda s: s["kind"]["distribution"], _NONE),
-    KernelState: (lambda s: s["prep"]["kernel"], _NONE),
-    UnattendedUpgradesState: (lambda s: s["prep"]["unattended"], _NONE),
-    NouveauBlacklist: (lambda s: s["prep"]["nouveau"], lambda a, s: {"path": a["nouveau_path"]}),
-    NvidiaHostState: (lambda s: s["readiness"]["host"], _NONE),
-    NvidiaDriver: (lambda s: s["readiness"]["host"]["driver"], _NONE),
-    NvidiaGpus: (lambda s: s["readiness"]["host"]["pci"], _NONE),
-    NvmlInfo: (lambda s: s["readiness"]["nvml"], _NONE),
-    NvidiaContainerToolkit: (lambda s: s["readiness"]["toolkit"], _NONE),
-    CdiSpecs: (lambda s: s["readiness"]["cdi"], _NONE),
-    ContainerdNodeState: (lambda s: s["readiness"]["containerd"], lambda a, s: {"binary": a["binary"]}),
-    ContainerdService: (lambda s: s["readiness"]["containerd"]["service"], _NONE),
-    ContainerdConfigFiles: (lambda s: s["readiness"]["containerd"]["files"], _NONE),
+# Each fact another fact holds: that fact, where in its value, and the arguments the part was read
+# with (from that fact's arguments and value).
+Held = Callable[[dict[str, Any], Any], dict[str, Any]]
+_PART_OF: dict[Fact, tuple[Fact, Callable[[Any], Any], Held]] = {
+    NodeKind: (NodeSnapshot, lambda v: v["kind"], _no_arguments),
+    LinuxDistribution: (NodeKind, lambda v: v["distribution"], _no_arguments),
+    HostPrepState: (NodeSnapshot, lambda v: v["prep"], lambda a, v: {"path": a["nouveau_path"]}),
+    KernelState: (HostPrepState, lambda v: v["kernel"], _no_arguments),
+    UnattendedUpgradesState: (HostPrepState, lambda v: v["unattended"], _no_arguments),
+    NouveauBlacklist: (HostPrepState, lambda v: v["nouveau"], lambda a, v: {"path": a["path"]}),
+    NodeReadiness: (NodeSnapshot, lambda v: v["readiness"], lambda a, v: {"binary": a["binary"]}),
+    NvidiaHostState: (NodeReadiness, lambda v: v["host"], _no_arguments),
+    NvidiaDriver: (NvidiaHostState, lambda v: v["driver"], _no_arguments),
+    NvidiaGpus: (NvidiaHostState, lambda v: v["pci"], _no_arguments),
+    NvmlInfo: (NodeReadiness, lambda v: v["nvml"], _no_arguments),
+    NvidiaContainerToolkit: (NodeReadiness, lambda v: v["toolkit"], _no_arguments),
+    CdiSpecs: (NodeReadiness, lambda v: v["cdi"], _no_arguments),
+    ContainerdNodeState: (NodeReadiness, lambda v: v["containerd"], lambda a, v: {"binary": a["binary"]}),
+    ContainerdService: (ContainerdNodeState, lambda v: v["service"], _no_arguments),
+    ContainerdConfigFiles: (ContainerdNodeState, lambda v: v["files"], _no_arguments),
     ContainerdConfigDump: (  # of the config the unit starts containerd with
-        lambda s: s["readiness"]["containerd"]["dump"],
-        lambda a, s: {"config_path": s["readiness"]["containerd"]["files"]["main_path"]},
+        ContainerdNodeState,
+        lambda v: v["dump"],
+        lambda a, v: {"config_path": v["files"]["main_path"]},
     ),
-    ContainerdCriLoaded: (lambda s: s["readiness"]["cri"], _NONE),  # None: read without a journal, not held
-    NodeReadiness: (lambda s: s["readiness"], lambda a, s: {"binary": a["binary"]}),
+    ContainerdCriLoaded: (NodeReadiness, lambda v: v["cri"], _no_arguments),  # None: no journal, not held
 }
 
-# Per run (State): host name -> the node's last snapshot; the runtime binary its snapshots read.
-_READS: weakref.WeakKeyDictionary[State, dict[str, _Read]] = weakref.WeakKeyDictionary()
+
+@dataclass(frozen=True)
+class _Read:
+    fact: Fact
+    arguments: dict[str, Any]
+    executing: bool
+    changes: int  # the node's completed operations that changed it or failed, at the read
+    value: Any
+
+
+# Per run (State): host name -> its reads, newest last; the runtime binary its snapshots check for.
+_READS: weakref.WeakKeyDictionary[State, dict[str, list[_Read]]] = weakref.WeakKeyDictionary()
 _BINARIES: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
@@ -101,38 +110,47 @@ def snapshot_binary(binary: str) -> None:
 
 
 def node_fact(fact: type[FactBase[T]], **kwargs: Any) -> T:
-    """``host.get_fact(fact, **kwargs)``, from this node's snapshot when that is current (see the module)."""
+    """``host.get_fact(fact, **kwargs)``, from a current read of this node where one holds it (see the module)."""
     node = current_host()
-    if fact not in _PARTS or not isinstance(node, Host):
+    if fact not in _PART_OF or not isinstance(node, Host):
         return host.get_fact(fact, **kwargs)
-    part, held_with = _PARTS[fact]
     run = current_state()
-    reads = _READS.setdefault(run, {})
-    read = reads.get(node.name)
+    reads = _READS.setdefault(run, {}).setdefault(node.name, [])
     changes = node_changes(run, node)
-    if read is None or not _current(read, changes):
-        if read is not None and read.executing == state.is_executing:  # outdated in this pass
-            return host.get_fact(fact, **kwargs)
-        arguments = {
-            "binary": _BINARIES.get(run, {}).get(node.name, DEFAULT_BINARY),
-            "nouveau_path": NOUVEAU_CONF,
-        }
-        read = _Read(state.is_executing, changes, arguments, host.get_fact(NodeSnapshot, **arguments))
-        reads[node.name] = read
+    current = [read for read in reads if _current(read, changes)]
     wanted = _arguments(fact, kwargs)
-    held = _arguments(fact, held_with(read.arguments, read.value))
-    value = part(read.value)
-    if wanted != held or value is None:
-        return host.get_fact(fact, **kwargs)
-    return cast(T, value)
+    for arguments, value in _held(fact, current):
+        if arguments == wanted and value is not None:
+            return cast(T, value)
+    if any(read.fact is NodeSnapshot and _carried(read) for read in reads):  # this pass has had its snapshot
+        reads.append(_Read(fact, wanted, state.is_executing, changes, host.get_fact(fact, **kwargs)))
+        return cast(T, reads[-1].value)
+    arguments = {"binary": _BINARIES.get(run, {}).get(node.name, DEFAULT_BINARY), "nouveau_path": NOUVEAU_CONF}
+    reads.append(_Read(NodeSnapshot, arguments, state.is_executing, changes, host.get_fact(NodeSnapshot, **arguments)))
+    return node_fact(fact, **kwargs)
+
+
+def _held(fact: Fact, reads: list[_Read]) -> list[tuple[dict[str, Any], Any]]:
+    """``(arguments, value)`` of ``fact`` as the current ``reads`` hold it, newest first."""
+    found = [(read.arguments, read.value) for read in reversed(reads) if read.fact is fact]
+    if fact in _PART_OF:
+        whole, part, held = _PART_OF[fact]
+        for arguments, value in _held(whole, reads):
+            if value is not None:
+                found.append((_arguments(fact, held(arguments, value)), part(value)))
+    return found
+
+
+def _carried(read: _Read) -> bool:
+    """Whether a read of this pass, or of the prepare pass right before it, counts now."""
+    return read.executing == state.is_executing or not state.should_check_for_changes()
 
 
 def _current(read: _Read, changes: int) -> bool:
-    same_pass = read.executing == state.is_executing
-    return read.changes == changes and (same_pass or not state.should_check_for_changes())
+    return read.changes == changes and _carried(read)
 
 
-def _arguments(fact: type[FactBase[Any]], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _arguments(fact: Fact, kwargs: dict[str, Any]) -> dict[str, Any]:
     bound = inspect.signature(fact().command).bind(**kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)
