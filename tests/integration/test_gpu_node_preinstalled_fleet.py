@@ -92,6 +92,8 @@ def test_preinstalled_driver_without_host_data_goes_from_plan_to_prepared_node(
     cri = on(fleet, f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={invocation} | grep 'Start cri plugin'")
     assert "nvidia" in cri
 
-    again = deploy(fleet, "-y")
+    again = deploy(fleet, "-y", "--debug")
     assert again.returncode == 0, again.stdout
     assert on(fleet, "systemctl show -p InvocationID --value containerd").strip() == invocation
+    # A prepared GPU node is read with one command (its snapshot) for every step, GPU steps included.
+    assert again.stdout.count("Running command on node1: ") == 1, again.stdout
