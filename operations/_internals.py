@@ -99,3 +99,9 @@ def node_changes(run: State, node: Host) -> int:
         if data.operation_meta.is_complete()
         and (data.operation_meta.did_change() or not data.operation_meta.did_succeed())
     )
+
+
+def runs_after_prepare(run: State) -> bool:
+    """Whether ``run``'s operations execute right after its prepare pass, with no change detection
+    and no prompt between (the CLI's ``-y``, ``State(check_for_changes=False)``)."""
+    return not run.should_check_for_changes()

@@ -47,7 +47,7 @@ from pyinfra_gpunode.facts.nvidia import (
 )
 from pyinfra_gpunode.facts.readiness import NodeReadiness
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
-from pyinfra_gpunode.operations._internals import current_host, current_state, node_changes
+from pyinfra_gpunode.operations._internals import current_host, current_state, node_changes, runs_after_prepare
 
 T = TypeVar("T")
 Fact = type[FactBase[Any]]
@@ -143,7 +143,7 @@ def _held(fact: Fact, reads: list[_Read]) -> list[tuple[dict[str, Any], Any]]:
 
 def _carried(read: _Read) -> bool:
     """Whether a read of this pass, or of the prepare pass right before it, counts now."""
-    return read.executing == state.is_executing or not state.should_check_for_changes()
+    return read.executing == state.is_executing or runs_after_prepare(current_state())
 
 
 def _current(read: _Read, changes: int) -> bool:

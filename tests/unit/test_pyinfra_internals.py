@@ -28,6 +28,7 @@ from pyinfra_gpunode.operations._internals import (
     on_host,
     operation_result,
     outside_operation,
+    runs_after_prepare,
     spawn,
 )
 
@@ -129,4 +130,14 @@ def test_node_changes_counts_completed_changes_and_failures_nested_ones_included
     # @fake/b: its own two changes, the nested one that ran and the nested one that failed
     assert node_changes(run, run.inventory.get_host("@fake/b")) == 4, (
         "nested operations (one changed, one failed) are no longer in State.ops[host]"
+    )
+
+
+def test_runs_after_prepare_is_the_clis_yes() -> None:
+    inventory = Inventory((["@fake/c"], {}))
+    assert runs_after_prepare(State(inventory=inventory, check_for_changes=False)), (
+        "State.should_check_for_changes() no longer reports check_for_changes=False (the CLI's -y)"
+    )
+    assert not runs_after_prepare(State(inventory=Inventory((["@fake/d"], {})))), (
+        "State.should_check_for_changes() is no longer True by default"
     )
