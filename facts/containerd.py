@@ -430,14 +430,17 @@ class ContainerdCriLoaded(FactBase[CriLoaded]):
         return "; ".join(
             [
                 marker("journal"),
-                "id=$(systemctl show -p InvocationID --value containerd 2>/dev/null)",
-                'if [ -n "$id" ]; then journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | '
+                "id=$(systemctl show -p InvocationID --value containerd 2>/dev/null); j=",
+                'if [ -n "$id" ]; then j=$(journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | '
                 "grep -E 'failed to load plugin io.containerd.(grpc.v1.cri|cri)|"
-                "Start cri plugin with config|starting cri plugin' || true; fi",
-                marker("ctr"),
-                "if command -v ctr >/dev/null 2>&1; then "
-                f"{ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) ' || true; "
-                f"{ctr} -d id==cri 2>/dev/null | grep 'Message:' || true; fi",
+                "Start cri plugin with config|starting cri plugin'); fi",
+                "if [ -n \"$j\" ]; then printf '%s\\n' \"$j\"; fi",
+                marker("ctr"),  # asked only without a start line; the plugin's message only when not ok
+                'if [ -z "$j" ] && command -v ctr >/dev/null 2>&1; then '
+                f"s=$({ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) '); "
+                """if [ -n "$s" ]; then printf '%s\\n' "$s"; fi; """
+                """if [ -n "$s" ] && printf '%s\\n' "$s" | grep -qv ' ok *$'; then """
+                f"{ctr} -d id==cri 2>/dev/null | grep 'Message:' || true; fi; fi",
             ]
         )
 
