@@ -434,7 +434,7 @@ class ContainerdCriLoaded(FactBase[CriLoaded]):
                 'if [ -n "$id" ]; then j=$(journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | '
                 "grep -E 'failed to load plugin io.containerd.(grpc.v1.cri|cri)|"
                 "Start cri plugin with config|starting cri plugin'); fi",
-                "if [ -n \"$j\" ]; then printf '%s\\n' \"$j\"; fi",
+                'if [ -n "$j" ]; then printf \'%s\\n\' "$j"; fi',
                 marker("ctr"),  # asked only without a start line; the plugin's message only when not ok
                 'if [ -z "$j" ] && command -v ctr >/dev/null 2>&1; then '
                 f"s=$({ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) '); "
