@@ -1,42 +1,27 @@
-"""Write a file on the node atomically (upload beside it, set owner and mode, rename); fail a host."""
+"""Write a file on the node atomically (beside it, owner and mode set, then renamed over it); fail a host."""
 
 from __future__ import annotations
 
-import posixpath
+import base64
 from collections.abc import Iterator
-from io import StringIO
+from pathlib import Path
 
 from pyinfra import host, state
-from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
 
+from pyinfra_gpunode import shell
 from pyinfra_gpunode.log import logger
+
+_WRITE = shell.script(Path(__file__).parent / "shell" / "write-file.sh")
 
 
 def write_file(
     dest: str, text: str, mode: str = "644", user: str = "root", group: str = "root"
-) -> Iterator[FileUploadCommand | StringCommand]:
-    temp = f"{dest}.gpunode-new"
-    yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(dest)))
-    if not int(mode, 8) & 0o004:
-        # Not for everyone's eyes (e.g. registry credentials): the upload fills a file made for owner only.
-        yield StringCommand(
-            "rm", "-f", QuoteString(temp), "&&", "(", "umask", "077", "&&", ":", ">", QuoteString(temp), ")"
-        )
-    yield FileUploadCommand(StringIO(text), temp)
-    yield StringCommand(
-        "chown",
-        QuoteString(f"{user}:{group}"),
-        QuoteString(temp),
-        "&&",
-        "chmod",
-        QuoteString(mode),
-        QuoteString(temp),
-        "&&",
-        "mv",
-        "-f",
-        QuoteString(temp),
-        QuoteString(dest),
-    )
+) -> Iterator[StringCommand]:
+    """One command that writes ``text`` to ``dest`` atomically with ``mode`` and owner (shell/write-file.sh):
+    the text comes on stdin, so neither its size nor its content reaches the command line."""
+    encoded = base64.b64encode(text.encode()).decode()
+    yield StringCommand(shell.command(_WRITE, "gpunode-write", dest, f"{user}:{group}", mode), _stdin=encoded)
 
 
 def fail(message: str) -> StringCommand:

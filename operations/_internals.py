@@ -8,7 +8,7 @@ host's operation results, and to run operations on another host as if outside an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
@@ -91,12 +91,14 @@ def outside_operation(node: Host) -> Iterator[None]:
             setattr(node, name, value)
 
 
-def node_changes(run: State, node: Host) -> int:
-    """How many of ``node``'s operations in this run (nested ones included) completed with a change or failed."""
+def node_changes(run: State, node: Host, ignored: Collection[str] = ()) -> int:
+    """How many of ``node``'s operations in this run (nested ones included), but those whose hash is in
+    ``ignored``, completed with a change or failed."""
     return sum(
         1
-        for data in run.ops.get(node, {}).values()
-        if data.operation_meta.is_complete()
+        for op_hash, data in run.ops.get(node, {}).items()
+        if op_hash not in ignored
+        and data.operation_meta.is_complete()
         and (data.operation_meta.did_change() or not data.operation_meta.did_succeed())
     )
 

@@ -55,6 +55,9 @@ Fact = type[FactBase[Any]]
 DEFAULT_BINARY = "/usr/bin/nvidia-container-runtime"
 
 
+_NOT_HELD = object()  # a part the fact holding it did not read
+
+
 def _no_arguments(arguments: dict[str, Any], value: Any) -> dict[str, Any]:
     return {}
 
@@ -84,7 +87,11 @@ _PART_OF: dict[Fact, tuple[Fact, Callable[[Any], Any], Held]] = {
         lambda v: v["dump"],
         lambda a, v: {"config_path": v["files"]["main_path"]},
     ),
-    ContainerdCriLoaded: (NodeReadiness, lambda v: v["cri"], _no_arguments),  # None: no journal, not held
+    ContainerdCriLoaded: (  # read only where the node has a journal
+        NodeReadiness,
+        lambda v: _NOT_HELD if v["cri"] is None else v["cri"],
+        _no_arguments,
+    ),
 }
 
 
@@ -97,9 +104,21 @@ class _Read:
     value: Any
 
 
-# Per run (State): host name -> its reads, newest last; the runtime binary its snapshots check for.
+# Per run (State): host name -> its reads, newest last; the runtime binary its snapshots check for;
+# the operations whose commands change nothing a fact reads.
 _READS: weakref.WeakKeyDictionary[State, dict[str, list[_Read]]] = weakref.WeakKeyDictionary()
 _BINARIES: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
+_UNCHANGING: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
+
+# Read the fact holding these when they are not current: one read then serves the others as well.
+_READ_WHOLE = (ContainerdService, ContainerdConfigFiles, ContainerdConfigDump)
+
+
+def facts_unchanged() -> None:
+    """The running operation's commands change nothing any fact here reads (a backup under
+    ``/var/lib``): the reads taken before it stay current."""
+    if isinstance(current_host(), Host) and host.current_op_hash:
+        _UNCHANGING.setdefault(current_state(), set()).add(host.current_op_hash)
 
 
 def snapshot_binary(binary: str) -> None:
@@ -116,18 +135,31 @@ def node_fact(fact: type[FactBase[T]], **kwargs: Any) -> T:
         return host.get_fact(fact, **kwargs)
     run = current_state()
     reads = _READS.setdefault(run, {}).setdefault(node.name, [])
-    changes = node_changes(run, node)
-    current = [read for read in reads if _current(read, changes)]
+    changes = node_changes(run, node, _UNCHANGING.get(run, set()))
     wanted = _arguments(fact, kwargs)
-    for arguments, value in _held(fact, current):
-        if arguments == wanted and value is not None:
-            return cast(T, value)
-    if any(read.fact is NodeSnapshot and _carried(read) for read in reads):  # this pass has had its snapshot
-        reads.append(_Read(fact, wanted, state.is_executing, changes, host.get_fact(fact, **kwargs)))
-        return cast(T, reads[-1].value)
-    arguments = {"binary": _BINARIES.get(run, {}).get(node.name, DEFAULT_BINARY), "nouveau_path": NOUVEAU_CONF}
-    reads.append(_Read(NodeSnapshot, arguments, state.is_executing, changes, host.get_fact(NodeSnapshot, **arguments)))
-    return node_fact(fact, **kwargs)
+    found = _current_value(fact, wanted, reads, changes)
+    if found is not _NOT_HELD:
+        return cast(T, found)
+    binary = _BINARIES.get(run, {}).get(node.name, DEFAULT_BINARY)
+    if not any(read.fact is NodeSnapshot and _carried(read) for read in reads):  # this pass's first read
+        whole: tuple[Fact, dict[str, Any]] = (NodeSnapshot, {"binary": binary, "nouveau_path": NOUVEAU_CONF})
+    elif fact in _READ_WHOLE:
+        whole = (ContainerdNodeState, {"binary": binary})
+    else:
+        whole = (fact, wanted)
+    value = host.get_fact(whole[0], **whole[1])
+    reads.append(_Read(whole[0], _arguments(whole[0], whole[1]), state.is_executing, changes, value))
+    found = _current_value(fact, wanted, reads, changes)
+    if found is not _NOT_HELD:
+        return cast(T, found)
+    reads.append(_Read(fact, wanted, state.is_executing, changes, host.get_fact(fact, **kwargs)))
+    return cast(T, reads[-1].value)
+
+
+def _current_value(fact: Fact, wanted: dict[str, Any], reads: list[_Read], changes: int) -> Any:
+    """``fact`` with arguments ``wanted`` as the newest current read holding it has it, else ``_NOT_HELD``."""
+    current = [read for read in reads if _current(read, changes)]
+    return next((value for arguments, value in _held(fact, current) if arguments == wanted), _NOT_HELD)
 
 
 def _held(fact: Fact, reads: list[_Read]) -> list[tuple[dict[str, Any], Any]]:
@@ -136,7 +168,7 @@ def _held(fact: Fact, reads: list[_Read]) -> list[tuple[dict[str, Any], Any]]:
     if fact in _PART_OF:
         whole, part, held = _PART_OF[fact]
         for arguments, value in _held(whole, reads):
-            if value is not None:
+            if value is not None and part(value) is not _NOT_HELD:
                 found.append((_arguments(fact, held(arguments, value)), part(value)))
     return found
 

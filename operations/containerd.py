@@ -39,7 +39,7 @@ from pyinfra_gpunode.facts.containerd import (
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
-from pyinfra_gpunode.operations._shared import node_fact
+from pyinfra_gpunode.operations._shared import facts_unchanged, node_fact
 
 BACKUP_DIR = "/var/lib/pyinfra-gpunode/backup"  # mode 0700: the files can carry registry credentials
 FAILED_DIR = "/var/lib/pyinfra-gpunode/failed"  # mode 0700, like the backups
@@ -295,7 +295,8 @@ def config_backed_up(path: str) -> Generator[Any, Any, None]:
         )
     """
     _check_absolute("path", path)
-    files = host.get_fact(ContainerdConfigFiles)
+    files = node_fact(ContainerdConfigFiles)
+    facts_unchanged()  # the tar goes under /var/lib: what was read of the node stays current
     partial = f"{path}.partial"
     yield StringCommand(
         "umask",
