@@ -4,11 +4,13 @@ The first fact asked for through ``node_fact`` on a node reads the node's whole 
 fact the snapshot holds is part of another (``ContainerdService`` of ``ContainerdNodeState``, that
 of ``NodeReadiness``, that of the snapshot), and a fact asked for later is taken from the newest
 read of itself or of a fact that holds it, as long as that read is current: no operation of the
-node has completed with a change, or failed, since it was taken, and it was taken in the same
-pass (prepare, or execute) or, when pyinfra skips change detection (``-y``: the operations run
-right after the prepare pass, no prompt between), in the prepare pass. Otherwise ``node_fact``
-reads that one fact (and keeps it for the facts it holds); a pass that has no snapshot of its
-own to go on reads the snapshot again. On pyinfra-testing's fake hosts it reads the one fact.
+node has completed with a change, or failed, since it was taken (an operation that declares
+``facts_unchanged``, a backup, does not count), and it was taken in the same pass (prepare, or
+execute) or, when pyinfra skips change detection (``-y``: the operations run right after the
+prepare pass, no prompt between), in the prepare pass. Otherwise ``node_fact`` reads that one
+fact (containerd's service, files and dump: ``ContainerdNodeState``, which holds all three) and
+keeps it for the facts it holds; a pass that has no snapshot of its own to go on reads the
+snapshot again. On pyinfra-testing's fake hosts it reads the one fact.
 
 Ask through ``node_fact`` only before an operation yields its first command; read again with
 ``host.get_fact`` once a command ran.
