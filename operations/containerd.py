@@ -355,7 +355,9 @@ def restarted_if_pending(
     + backup: the tar ``config_backed_up`` saved before this run wrote the config; ``None``
       when this run wrote nothing (then a failed restart restores nothing and says so)
     + dropped_runtimes: runtimes the previous daemon had that need not come back: their drop-in
-      was removed and the write left them out (``Registration.dropped_runtimes``)
+      was removed and the write left them out (``Registration.dropped_runtimes``); without
+      ``backup`` (the files changed before this run) every runtime no file defines any more
+      is dropped, and the log names them
 
     Verification: the unit is active and the CRI plugin of the new daemon loaded every runtime
     of the merged config (nvidia included) and every runtime the previous daemon had, with the
@@ -383,7 +385,15 @@ def restarted_if_pending(
     dump = node_fact(ContainerdConfigDump, config_path=files["main_path"])
     address = str((dump["dump"] if dump else {}).get("grpc", {}).get("address") or DEFAULT_ADDRESS)
     previous = node_fact(ContainerdCriLoaded, address=address)
-    expected = expected_after_restart(summarize(dump["dump"] if dump else {}), previous, dropped_runtimes or ())
+    summary = summarize(dump["dump"] if dump else {})
+    dropped = set(dropped_runtimes or ())
+    if backup is None:  # files changed before this run (or by a run without restart): the daemon loads what they say
+        gone = sorted(set(previous["runtimes"]) - set(summary["runtimes"]) - dropped)
+        dropped.update(gone)
+        if gone and state.is_executing:
+            logger.info("%sthe restart drops runtimes %s: no config file defines them any more",
+                        host.print_prefix, ", ".join(gone))  # fmt: skip
+    expected = expected_after_restart(summary, previous, dropped)
     restart = StringCommand(shell.command(_RESTART_AND_WAIT, "gpunode-restart", str(max(1, int(timeout)) * 5), address))
     if state.is_executing:
         logger.info("%srestarting containerd: %s", host.print_prefix, service["restart_reason"])

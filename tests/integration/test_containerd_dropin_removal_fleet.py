@@ -23,11 +23,11 @@ SITE = f"{CONFD}/10-registry.toml"
 pytestmark = pytest.mark.fleet
 
 
-def deploy(fleet: Fleet) -> subprocess.CompletedProcess[str]:
+def deploy(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
     """The pyinfra CLI on ``NODE`` only; stdout carries its log (stderr merged)."""
     pyinfra = Path(sys.executable).with_name("pyinfra")
     return subprocess.run(
-        [str(pyinfra), "-y", "--limit", NODE, str(fleet.inventory_path), "deploys/containerd_runtime.py"],
+        [str(pyinfra), "-y", *args, "--limit", NODE, str(fleet.inventory_path), "deploys/containerd_runtime.py"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -102,3 +102,24 @@ def test_deleted_toolkit_dropin_is_dropped_restarted_and_verified(fleet: Fleet, 
     third = deploy(fleet)
     assert third.returncode == 0, third.stdout
     assert main_pid(fleet) == pid and "carried from" not in third.stdout
+
+
+def test_a_drop_written_without_a_restart_is_restarted_into_by_the_next_run(fleet: Fleet) -> None:
+    """The drop-in removed, a run with ``restart: none`` writes the smaller config and leaves the daemon
+    as it is; the next run restarts it: the runtimes no file defines any more are reported as dropped,
+    not as a failed restart."""
+    fleet.reset([NODE])
+    sh(fleet, f"mkdir -p {CONFD} && printf %s {shlex.quote(toolkit_dropin())} > {TOOLKIT}")
+    first = deploy(fleet)
+    assert first.returncode == 0, first.stdout
+    sh(fleet, f"rm {TOOLKIT}")
+    pid = main_pid(fleet)
+    files_only = deploy(fleet, "--data", "gpunode_containerd_restart=none")
+    assert files_only.returncode == 0, files_only.stdout
+    assert main_pid(fleet) == pid and TOOLKIT not in sh(fleet, f"cat {OUR_DROPIN}")
+
+    restarted = deploy(fleet)
+    assert restarted.returncode == 0, restarted.stdout
+    assert main_pid(fleet) != pid
+    assert loaded_runtimes(fleet) == ["nvidia", "runc"]
+    assert "the restart drops runtimes nvidia-cdi, nvidia-legacy" in restarted.stdout, restarted.stdout
