@@ -9,7 +9,7 @@ from pyinfra.api import FactBase
 from typing_extensions import override
 
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesInfo, UnattendedUpgradesState
-from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_parts, split_sections
+from pyinfra_gpunode.sections import dpkg_query, join_parts, marker, parse_dpkg_status, split_parts, split_sections
 
 SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
@@ -240,7 +240,7 @@ class HostPrepState(FactBase[HostPrepInfo]):
             "unattended": UnattendedUpgradesState().command(),
             "nouveau": NouveauBlacklist().command(path),
         }
-        return "; ".join(f"echo '{PREP_PART}{name}'; {script}" for name, script in parts.items())
+        return join_parts(PREP_PART, parts)
 
     @override
     def process(self, output: list[str]) -> HostPrepInfo:

@@ -10,7 +10,7 @@ from typing_extensions import override
 from pyinfra_gpunode.facts.kernel import HostPrepInfo, HostPrepState
 from pyinfra_gpunode.facts.nvidia import NodeKind, NodeKindInfo
 from pyinfra_gpunode.facts.readiness import NodeReadiness, NodeReadinessInfo
-from pyinfra_gpunode.sections import split_parts
+from pyinfra_gpunode.sections import join_parts, split_parts
 
 PART = "@@gpunode-node:"
 
@@ -48,7 +48,7 @@ class NodeSnapshot(FactBase[NodeSnapshotInfo]):
             "prep": HostPrepState().command(nouveau_path),
             "readiness": NodeReadiness().command(binary),
         }
-        return "; ".join(f"echo '{PART}{name}'; {script}" for name, script in parts.items()) + "; true"
+        return join_parts(PART, parts) + "; true"
 
     @override
     def process(self, output: list[str]) -> NodeSnapshotInfo:

@@ -21,7 +21,7 @@ from pyinfra_gpunode.facts.nvidia import (
     ToolkitInfo,
 )
 from pyinfra_gpunode.readiness import DEVICE_PLUGIN_DIR, VALIDATIONS_DIR
-from pyinfra_gpunode.sections import split_parts
+from pyinfra_gpunode.sections import join_parts, split_parts
 
 PART = "@@gpunode-readiness:"
 _HAS = "command -v {} >/dev/null 2>&1"
@@ -164,7 +164,7 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
             "validations": VALIDATIONS_SCRIPT,
             "device_plugin": DEVICE_PLUGIN_SCRIPT,
         }
-        return "; ".join(f"echo '{PART}{name}'; {parts[name]}" for name in READINESS_PARTS) + "; true"
+        return join_parts(PART, {name: parts[name] for name in READINESS_PARTS}) + "; true"
 
     @override
     def process(self, output: list[str]) -> NodeReadinessInfo:

@@ -28,6 +28,12 @@ def split_sections(lines: Iterable[str]) -> dict[str, list[str]]:
     return sections
 
 
+def join_parts(prefix: str, parts: dict[str, str]) -> str:
+    """A composite fact's command: each part's command after a line ``<prefix><name>``, in order
+    (what ``split_parts`` takes apart)."""
+    return "; ".join(f"echo '{prefix}{name}'; {script}" for name, script in parts.items())
+
+
 def split_parts(lines: Iterable[str], prefix: str, names: Iterable[str]) -> dict[str, list[str]]:
     """The parts of a composite fact's output: ``{"name": [lines...]}`` for each of ``names`` (empty when
     missing), a line ``<prefix><name>`` starting each; lines before the first are dropped."""
