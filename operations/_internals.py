@@ -42,6 +42,18 @@ def current_host() -> Host:
     return node
 
 
+def in_a_run() -> bool:
+    """Whether pyinfra's ``host`` is a Host of a run (pyinfra-testing's fake hosts are not: they run an
+    operation's function alone, with no State to keep bookkeeping on)."""
+    return isinstance(current_host(), Host)
+
+
+def current_operation() -> str | None:
+    """The hash of the operation running on pyinfra's ``host``, None outside one."""
+    op_hash: str | None = host.current_op_hash
+    return op_hash
+
+
 def spawn(run: State, function: Callable[..., T], *args: Any) -> Result[T]:
     """Run ``function(*args)`` in the run's pool (as pyinfra runs hosts in parallel); ``.get()`` waits for it."""
     assert run.pool is not None

@@ -19,11 +19,10 @@ from typing import Any, ParamSpec
 
 from pyinfra import host, state
 from pyinfra.api import StringCommand
-from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from pyinfra_gpunode import shell
-from pyinfra_gpunode.operations._internals import current_host, current_state
+from pyinfra_gpunode.operations._internals import current_state, in_a_run
 
 P = ParamSpec("P")
 
@@ -43,7 +42,7 @@ _LIVE: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
 
 def lock_changes() -> None:
     """This node's changes in this run take the node lock first (call it while the deploy is added)."""
-    if isinstance(current_host(), Host):
+    if in_a_run():
         _LIVE.setdefault(current_state(), set()).add(host.name)
 
 
@@ -93,7 +92,7 @@ def locked_before_changes(
             first = next(commands, None)
             if first is None:
                 return
-            if state.is_executing and host.name in _LIVE.get(current_state(), set()):
+            if host.name in _LIVE.get(current_state(), set()):
                 yield from take()
             yield first
             yield from commands

@@ -26,7 +26,6 @@ from typing import Any, TypeVar, cast
 
 from pyinfra import host, state
 from pyinfra.api import FactBase, State
-from pyinfra.api.host import Host
 from pyinfra.facts.server import LinuxDistribution
 
 from pyinfra_gpunode.facts.cdi import CdiSpecs
@@ -49,7 +48,14 @@ from pyinfra_gpunode.facts.nvidia import (
 )
 from pyinfra_gpunode.facts.readiness import NodeReadiness
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
-from pyinfra_gpunode.operations._internals import current_host, current_state, node_changes, runs_after_prepare
+from pyinfra_gpunode.operations._internals import (
+    current_host,
+    current_operation,
+    current_state,
+    in_a_run,
+    node_changes,
+    runs_after_prepare,
+)
 
 T = TypeVar("T")
 Fact = type[FactBase[Any]]
@@ -119,22 +125,23 @@ _READ_WHOLE = (ContainerdService, ContainerdConfigFiles, ContainerdConfigDump)
 def facts_unchanged() -> None:
     """The running operation's commands change nothing any fact here reads (a backup under
     ``/var/lib``): the reads taken before it stay current."""
-    if isinstance(current_host(), Host) and host.current_op_hash:
-        _UNCHANGING.setdefault(current_state(), set()).add(host.current_op_hash)
+    op_hash = current_operation()
+    if in_a_run() and op_hash:
+        _UNCHANGING.setdefault(current_state(), set()).add(op_hash)
 
 
 def snapshot_binary(binary: str) -> None:
     """This node's snapshots check for runtime ``binary`` (its host data), so the containerd and
     readiness facts asked for with it come from the snapshot."""
-    if isinstance(current_host(), Host):
+    if in_a_run():
         _BINARIES.setdefault(current_state(), {})[host.name] = binary
 
 
 def node_fact(fact: type[FactBase[T]], **kwargs: Any) -> T:
     """``host.get_fact(fact, **kwargs)``, from a current read of this node where one holds it (see the module)."""
-    node = current_host()
-    if fact not in _PART_OF or not isinstance(node, Host):
+    if fact not in _PART_OF or not in_a_run():
         return host.get_fact(fact, **kwargs)
+    node = current_host()
     run = current_state()
     reads = _READS.setdefault(run, {}).setdefault(node.name, [])
     changes = node_changes(run, node, _UNCHANGING.get(run, set()))

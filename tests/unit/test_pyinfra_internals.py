@@ -22,8 +22,10 @@ from pyinfra_gpunode.operations._internals import (
     OP_CONTEXT,
     changed_operations,
     current_host,
+    current_operation,
     current_state,
     failed_operation,
+    in_a_run,
     node_changes,
     on_host,
     operation_result,
@@ -45,6 +47,7 @@ def conducted(other: str) -> Generator[Any, Any, None]:
     node = run.inventory.get_host(other)
     SEEN["state"], SEEN["host"] = run, me
     SEEN["own_context"] = {name: getattr(me, name) for name in OP_CONTEXT}
+    SEEN["current_operation"], SEEN["in_a_run"] = current_operation(), in_a_run()
     SEEN["spawned"] = spawn(run, lambda value: value * 2, 21).get()
     node.in_op = True  # as if ``node`` were inside this very operation, as the rollout's nodes are
     SEEN["other_before"] = {name: getattr(node, name) for name in OP_CONTEXT}
@@ -140,4 +143,11 @@ def test_runs_after_prepare_is_the_clis_yes() -> None:
     )
     assert not runs_after_prepare(State(inventory=Inventory((["@fake/d"], {})))), (
         "State.should_check_for_changes() is no longer True by default"
+    )
+
+
+def test_current_operation_names_the_running_operation_of_a_host_in_a_run(run: State) -> None:
+    assert SEEN.get("in_a_run") is True, "pyinfra.host._get_module() is no longer a Host during a run"
+    assert SEEN.get("current_operation") == SEEN["own_context"]["current_op_hash"] in run.op_meta, (
+        "Host.current_op_hash no longer names the running operation"
     )
