@@ -326,12 +326,21 @@ _PROCESSES = (
 )
 
 
+# The mtimes of the config tree: every file, through links (a symlinked drop-in's target), and every
+# link itself (a link pointed elsewhere).
+_CONFIG_MTIMES = (
+    f"{{ find -L {CONFIG_ROOT} {_CFG} -type f -printf '%T@\\n'; find {CONFIG_ROOT} {_CFG} -type l -printf '%T@\\n'; }}"
+    " 2>/dev/null"
+)
+
+
 class ContainerdService(FactBase[ContainerdServiceInfo | None]):
     """
     Returns the containerd unit's state: ``LoadState``, ``TriggeredBy`` (a socket that activates
     it), ``Restart``, ``RestartUSec``, active/sub state, ``Result``, ``MainPID``, start time (epoch
     seconds), ``NRestarts``, the invocation ID, the newest mtime of the config tree (``/etc/containerd``
-    and the main config the unit names), every ``containerd`` process with the unit it runs in, and
+    and the main config the unit names; a symlinked file counts with its target's and its own), every
+    ``containerd`` process with the unit it runs in, and
     ``restart_reason``/``restart_pending`` when the daemon must be restarted: a config file newer
     than the running daemon, or a unit that is not active (failed, stopped, restarting).
     ``None`` without systemd (a chroot or image build).
@@ -356,7 +365,7 @@ class ContainerdService(FactBase[ContainerdServiceInfo | None]):
             "systemctl show containerd --timestamp=us+utc -p LoadState -p TriggeredBy -p ActiveState -p SubState "
             "-p MainPID -p Result -p Restart -p RestartUSec -p NRestarts -p ExecMainStartTimestamp -p InvocationID; "
             f"{_PROCESSES}; {_UNIT_CONFIG}; "
-            f"echo ConfigMtime=$(find {CONFIG_ROOT} {_CFG} -type f -printf '%T@\\n' 2>/dev/null | sort -n | tail -n 1)"
+            f"echo ConfigMtime=$({_CONFIG_MTIMES} | sort -n | tail -n 1)"
             "; "
             "fi"
         )

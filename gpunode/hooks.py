@@ -2,14 +2,38 @@
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pyinfra_gpunode.hostdata import HostDataError
+from pyinfra_gpunode.log import printable, shown
 
 PLACEHOLDERS = ("node", "hostname")
 HOOK_KEYS = ("gpunode_rollout_before", "gpunode_rollout_after")
+
+# A Kubernetes node name: an RFC 1123 subdomain (lowercase labels of letters, digits and '-', joined by '.').
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+NODE_NAME_MAX = 253
+
+
+def node_name_problem(hostname: str) -> str | None:
+    """Why ``hostname`` (read from the node) may not reach a hook as ``{hostname}`` or ``GPUNODE_HOSTNAME``,
+    or ``None`` when it is a valid Kubernetes node name (RFC 1123 subdomain, at most 253 characters)."""
+    if len(hostname) <= NODE_NAME_MAX and _NODE_NAME.fullmatch(hostname):
+        return None
+    return (
+        f"the node's hostname {shown(hostname)} is not a valid Kubernetes node name (lowercase letters, "
+        f"digits, '-' and '.', starting and ending with a letter or digit, at most {NODE_NAME_MAX} characters): "
+        "no hook is given it"
+    )
+
+
+def change_lines(changes: Sequence[str]) -> list[str]:
+    """The turn's planned changes as a hook's environment carries them: one printable line each (they
+    hold versions and paths read from the node; anything else is shown as ``<U+001B>``)."""
+    return [printable(change) for change in changes]
 
 
 def placeholders(argument: str) -> list[str]:
@@ -47,7 +71,8 @@ def check_hook(key: str, value: Any, which: Callable[[str], str | None]) -> list
 
 
 def hook_argv(template: Sequence[str], node: str, hostname: str) -> list[str]:
-    """``template`` with ``{node}`` (the inventory name) and ``{hostname}`` (the node's own) filled in."""
+    """``template`` with ``{node}`` (the inventory name) and ``{hostname}`` (the node's own, which
+    ``node_name_problem`` accepted) filled in."""
     return [argument.format(node=node, hostname=hostname) for argument in template]
 
 
@@ -65,6 +90,6 @@ def hook_environment(
         "GPUNODE_HOOK": which,
         "GPUNODE_NODE": node,
         "GPUNODE_HOSTNAME": hostname,
-        "GPUNODE_CHANGES": "\n".join(changes),
+        "GPUNODE_CHANGES": "\n".join(change_lines(changes)),
         "GPUNODE_DRIVER_CHANGE": "1" if any(change.startswith("driver") for change in changes) else "0",
     }

@@ -59,7 +59,7 @@ KEYS: dict[str, Key] = {
             "one of: rolling, none",
             "rolling",
             "`rolling` restarts containerd one node at a time after its config changed and verifies it; "
-            "`none` only writes files (image builds, chroots)",
+            "`none` only writes files (image builds, chroots); a driver change still waits for the node's turn",
             _choice("rolling", "none"),
         ),
         Key(

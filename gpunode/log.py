@@ -1,5 +1,22 @@
-"""The project's logger: a child of pyinfra's, so the pyinfra CLI prints its messages."""
+"""The project's logger (a child of pyinfra's, so the pyinfra CLI prints its messages), and how a message
+shows a value read from a node."""
 
 import logging
+import re
 
 logger = logging.getLogger("pyinfra.gpunode")
+
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+SHOWN_MAX = 80  # characters of a value read from a node that a message shows
+
+
+def printable(text: str) -> str:
+    """``text`` with every character outside printable ASCII shown as ``<U+001B>`` (no escape for a
+    terminal or a shell to act on)."""
+    return _UNPRINTABLE.sub(lambda match: f"<U+{ord(match.group()):04X}>", text)
+
+
+def shown(value: str, limit: int = SHOWN_MAX) -> str:
+    """A value read from a node as a message may show it: quoted and ``printable``, cut after ``limit``
+    characters (then ``…`` and its full length)."""
+    return f"'{printable(value[:limit])}'" + (f"… ({len(value)} characters)" if len(value) > limit else "")

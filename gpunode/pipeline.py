@@ -257,7 +257,7 @@ def gpu_node_prepared() -> None:
     kernel.nouveau_blacklisted(name="nouveau: blacklisted")
     if kind["gpus"]["gpus"]:
         changes = nvidia.driver_changes(**_driver_arguments(values))
-        if changes and values["gpunode_containerd_restart"] == "rolling":  # in the node's turn
+        if changes:  # in the node's turn, whatever gpunode_containerd_restart says
             turns = _DRIVER_TURNS.setdefault(current_state(), {})
             turns[host.name] = (changes, partial(_gpu_steps, values))
         else:

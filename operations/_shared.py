@@ -108,7 +108,7 @@ class _Read:
     fact: Fact
     arguments: dict[str, Any]
     executing: bool
-    changes: int  # the node's completed operations that changed it or failed, at the read
+    changes: int  # the node's completed operations that changed it or failed, and reads set aside, at the read
     value: Any
 
 
@@ -117,6 +117,8 @@ class _Read:
 _READS: weakref.WeakKeyDictionary[State, dict[str, list[_Read]]] = weakref.WeakKeyDictionary()
 _BINARIES: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
 _UNCHANGING: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
+# Per run (State): host name -> how often its reads were set aside (``read_afresh``).
+_SET_ASIDE: weakref.WeakKeyDictionary[State, dict[str, int]] = weakref.WeakKeyDictionary()
 
 # Read the fact holding these when they are not current: one read then serves the others as well.
 _READ_WHOLE = (ContainerdService, ContainerdConfigFiles, ContainerdConfigDump)
@@ -128,6 +130,18 @@ def facts_unchanged() -> None:
     op_hash = current_operation()
     if in_a_run() and op_hash:
         _UNCHANGING.setdefault(current_state(), set()).add(op_hash)
+
+
+def read_afresh(run: State, name: str) -> None:
+    """No read of node ``name`` taken so far is current any more: its next facts are read again (a
+    rollout turn, once it holds the node lock, decides from what it reads itself)."""
+    counts = _SET_ASIDE.setdefault(run, {})
+    counts[name] = counts.get(name, 0) + 1
+
+
+def _generation(run: State, node: Any) -> int:
+    """What makes a read current: the node's changes and failures so far, and its reads set aside."""
+    return node_changes(run, node, _UNCHANGING.get(run, set())) + _SET_ASIDE.get(run, {}).get(node.name, 0)
 
 
 def snapshot_binary(binary: str) -> None:
@@ -144,7 +158,7 @@ def node_fact(fact: type[FactBase[T]], **kwargs: Any) -> T:
     node = current_host()
     run = current_state()
     reads = _READS.setdefault(run, {}).setdefault(node.name, [])
-    changes = node_changes(run, node, _UNCHANGING.get(run, set()))
+    changes = _generation(run, node)
     wanted = _arguments(fact, kwargs)
     found = _current_value(fact, wanted, reads, changes)
     if found is not _NOT_HELD:

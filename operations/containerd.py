@@ -34,9 +34,10 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdNodeState,
     ContainerdService,
     ContainerdServiceInfo,
+    DumpInfo,
     candidate_input,
 )
-from pyinfra_gpunode.log import logger
+from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import facts_unchanged, node_fact
@@ -62,10 +63,11 @@ class Registration:
     service: ContainerdServiceInfo | None = None
     # Runtimes the written files no longer define because the file defining them was removed.
     dropped_runtimes: list[str] = field(default_factory=list)
+    restart_reason: str | None = None  # why the running daemon must be restarted (``restart_reason``)
 
     @property
     def restart_pending(self) -> bool:
-        return bool(self.service and self.service["restart_pending"])
+        return self.restart_reason is not None
 
     def _mode_note(self, path: str) -> str:
         mode = self.modes.get(path, "644")
@@ -149,7 +151,7 @@ def registration(
     }
     current = {path: files["texts"][path] for path in writes if path in files["texts"]}
     if not writes:
-        return Registration(service=node["service"])
+        return Registration(service=node["service"], restart_reason=restart_reason(node["service"], node["dump"]))
     links = links_in_the_way(list(writes), files["links"])
     if links:
         return Registration(
@@ -193,6 +195,7 @@ def registration(
         return found
     assert after["summary"] is not None  # a dump without an error has its summary
     found.service = node["service"]
+    found.restart_reason = restart_reason(node["service"], node["dump"])
     found.dropped_runtimes = sorted(set(summarize(before_dump)["runtimes"]) - set(after["summary"]["runtimes"]))
     return found
 
@@ -264,6 +267,29 @@ def nvidia_runtime(
         yield from write_file(path, text, mode=found.modes[path])
     if state.is_executing:
         logger.info("%scontainerd restart pending: %s", host.print_prefix, ", ".join(found.writes))
+
+
+def cri_address(dump: DumpInfo | None) -> str:
+    """containerd's gRPC socket as the merged config sets it (``ctr`` asks the CRI plugin there)."""
+    return str((dump["dump"] if dump else {}).get("grpc", {}).get("address") or DEFAULT_ADDRESS)
+
+
+def restart_reason(service: ContainerdServiceInfo | None, dump: DumpInfo | None) -> str | None:
+    """
+    Why containerd must be restarted and verified now, or ``None``: the unit's own reason (a config
+    file newer than the daemon, a unit that is not active), else an active daemon whose CRI plugin
+    failed to load (its ``failed to load plugin`` line, or ``ctr``'s status), which leaves the kubelet
+    without a CRI although the unit looks fine. A daemon whose CRI plugin is unknown (no journal
+    line, no ``ctr``) is not restarted for it.
+    """
+    if not service or service["load_state"] != "loaded":
+        return None
+    if service["restart_reason"]:
+        return service["restart_reason"]
+    cri = node_fact(ContainerdCriLoaded, address=cri_address(dump))
+    if cri["source"] and not cri["loaded"]:
+        return f"its CRI plugin failed to load: {printable(cri['error'] or 'no reason given')[:300]}"
+    return None
 
 
 def backup_paths(main_path: str) -> list[str]:
@@ -378,12 +404,13 @@ def restarted_if_pending(
         containerd.restarted_if_pending(name="Restart containerd where pending", timeout=60)
     """
     service = node_fact(ContainerdService)
-    if not service or not service["restart_pending"]:
-        host.noop("containerd runs its current config")
-        return
     files = node_fact(ContainerdConfigFiles)
     dump = node_fact(ContainerdConfigDump, config_path=files["main_path"])
-    address = str((dump["dump"] if dump else {}).get("grpc", {}).get("address") or DEFAULT_ADDRESS)
+    reason = restart_reason(service, dump)
+    if not service or reason is None:
+        host.noop("containerd runs its current config")
+        return
+    address = cri_address(dump)
     previous = node_fact(ContainerdCriLoaded, address=address)
     summary = summarize(dump["dump"] if dump else {})
     dropped = set(dropped_runtimes or ())
@@ -396,7 +423,7 @@ def restarted_if_pending(
     expected = expected_after_restart(summary, previous, dropped)
     restart = StringCommand(shell.command(_RESTART_AND_WAIT, "gpunode-restart", str(max(1, int(timeout)) * 5), address))
     if state.is_executing:
-        logger.info("%srestarting containerd: %s", host.print_prefix, service["restart_reason"])
+        logger.info("%srestarting containerd: %s", host.print_prefix, reason)
     yield restart
     problem, loaded = _problem(expected, address)
     if problem is None:
@@ -406,7 +433,7 @@ def restarted_if_pending(
     if backup is None:
         yield fail(
             f"{failed}; nothing was restored: this run wrote no containerd config on this node "
-            f"(the restart was due because {service['restart_reason']})"
+            f"(the restart was due because {reason})"
         )
         return
     if not host.get_fact(File, path=backup):

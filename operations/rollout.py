@@ -18,7 +18,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.facts.server import Hostname
 
-from pyinfra_gpunode.hooks import hook_argv, hook_environment, placeholders
+from pyinfra_gpunode.hooks import hook_argv, hook_environment, node_name_problem, placeholders
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import _lock, containerd
 from pyinfra_gpunode.operations._atomic import fail
@@ -31,6 +31,7 @@ from pyinfra_gpunode.operations._internals import (
     outside_operation,
     spawn,
 )
+from pyinfra_gpunode.operations._shared import read_afresh
 from pyinfra_gpunode.rollout import (
     NodeReport,
     NodeSettings,
@@ -142,7 +143,7 @@ def nvidia_runtime_rolled_out(
     if not state.is_executing:
         yield from _plan(mine)
         return
-    if mine["restart"] == "none":
+    if not _takes_turns(mine):
         yield from _files_only(mine["runtime"])
         return
     run = current_state()
@@ -155,34 +156,39 @@ def nvidia_runtime_rolled_out(
         host.noop(f"containerd rollout: {outcome}")
 
 
+def _takes_turns(settings: NodeSettings) -> bool:
+    """Whether the node's disruptive steps wait for its turn: a containerd restart (``rolling``) or a
+    driver change (whatever ``gpunode_containerd_restart`` says)."""
+    return settings["restart"] == "rolling" or bool(settings["driver"])
+
+
 def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
     found = containerd.registration(**settings["runtime"])
     rolling = settings["restart"] == "rolling"
     unit = unit_problem(found.service) if rolling and found.installed and not found.problem else None
-    reason = found.service["restart_reason"] if found.service and found.restart_pending else None
-    changes = turn_changes(settings["driver"], found.writes, reason if rolling else None)
-    if found.problem or unit:
-        logger.warning("%splan: %s", host.print_prefix, found.problem or unit)
+    changes = turn_changes(settings["driver"], found.writes, found.restart_reason if rolling else None)
+    hostname, refused = _hook_hostname(host, settings) if _takes_turns(settings) and changes else ("", None)
+    if found.problem or unit or refused:
+        logger.warning("%splan: %s", host.print_prefix, found.problem or unit or refused)
     elif not changes and not found.writes:
         host.noop("containerd runs the nvidia runtime config; nothing disruptive to do")
         return
     else:
-        hooks = _plan_hooks(settings) if rolling and changes else []
+        hooks = _plan_hooks(settings, hostname) if _takes_turns(settings) and changes else []
         for line in hooks[:1] + settings["driver"]:
             logger.info("%splan: %s", host.print_prefix, line)
         if found.writes:
             then = "then restart containerd and verify" if rolling else "no restart (gpunode_containerd_restart: none)"
             logger.info("%splan: write %s, %s\n%s", host.print_prefix, ", ".join(found.writes), then, found.diff())
         elif rolling and found.restart_pending:
-            logger.info("%splan: restart containerd (%s) and verify", host.print_prefix, reason)
+            logger.info("%splan: restart containerd (%s) and verify", host.print_prefix, found.restart_reason)
         for line in hooks[1:]:
             logger.info("%splan: %s", host.print_prefix, line)
     yield StringCommand("true")  # marks the change at prepare; at execute the rollout runs instead
 
 
-def _plan_hooks(settings: NodeSettings) -> list[str]:
+def _plan_hooks(settings: NodeSettings, hostname: str) -> list[str]:
     """The turn's before- and after-hook as the plan lists them (never run in a dry run)."""
-    hostname = _hostname(host, settings)
     lines = []
     for which in ("before", "after"):
         argv = hook_argv(settings[which], host.name, hostname)
@@ -194,11 +200,14 @@ def _shown(argv: list[str]) -> str:
     return " ".join(repr(arg) if not arg or any(c.isspace() for c in arg) else arg for arg in argv)
 
 
-def _hostname(node: Host, settings: NodeSettings) -> str:
-    """The node's hostname, read only when a hook asks for ``{hostname}``."""
+def _hook_hostname(node: Host, settings: NodeSettings) -> tuple[str, str | None]:
+    """The node's hostname for its hooks, read only when a hook asks for ``{hostname}``, and why it is
+    refused (not a Kubernetes node name: it would reach the controller's commands), or ``None``."""
     if any("hostname" in placeholders(arg) for arg in (*settings["before"], *settings["after"])):
-        return str(node.get_fact(Hostname))
-    return ""
+        hostname = str(node.get_fact(Hostname))
+        refused = node_name_problem(hostname)
+        return ("", refused) if refused else (hostname, None)
+    return "", None
 
 
 def _files_only(runtime: dict[str, Any]) -> Generator[Any, Any, None]:
@@ -217,29 +226,43 @@ def _conduct(state: State, order: list[str], nodes: Mapping[str, NodeSettings]) 
     OUTCOMES[state] = outcomes
     active = {node.name: node for node in state.inventory.get_active_hosts()}
     settings = {name: node_settings(nodes, name) for name in order if name in active}
-    turns = [active[name] for name, mine in settings.items() if mine["restart"] == "rolling"]
+    turns = [active[name] for name, mine in settings.items() if _takes_turns(mine)]
     for name, mine in settings.items():
-        if mine["restart"] != "rolling":
+        if not _takes_turns(mine):
             outcomes[name] = "files only (gpunode_containerd_restart: none)"
     # Read every node in parallel first; only nodes with something to do take a (serial) turn.
     checks = {node.name: spawn(state, _check, state, node, settings[node.name]) for node in turns}
     halted_by = None
     for node in turns:
         found = checks[node.name].get()
-        unit = unit_problem(found.service) if found.installed and not found.problem else None
+        mine = settings[node.name]
+        unit = _unit_problem(found, mine)
         if halted_by:
             outcomes[node.name] = f"halted: not touched after the failure on {halted_by}"
         elif unit:
             outcomes[node.name] = f"failed: {unit}"
-        elif not (found.problem or found.writes or found.restart_pending or settings[node.name]["driver"]):
+        elif not _turn_needed(found, mine):
             outcomes[node.name] = "unchanged"
         else:
-            outcomes[node.name] = _turn(state, node, settings[node.name], found)
+            outcomes[node.name] = _turn(state, node, mine, found)
         if not outcomes[node.name].startswith(("unchanged", "halted")):
             logger.info("%scontainerd rollout %s", node.print_prefix, outcomes[node.name])
         if outcomes[node.name].startswith("failed"):
             halted_by = halted_by or node.name
     logger.info("--> Summary (rollout order)\n%s", summary_table(_reports(state, order, outcomes)))
+
+
+def _unit_problem(found: containerd.Registration, settings: NodeSettings) -> str | None:
+    """Why the node's containerd cannot be restarted and verified here (only where it restarts)."""
+    rolling = settings["restart"] == "rolling"
+    return unit_problem(found.service) if rolling and found.installed and not found.problem else None
+
+
+def _turn_needed(found: containerd.Registration, settings: NodeSettings) -> bool:
+    """Whether the node has anything disruptive to do: a refused config (it fails in its turn), files to
+    write, a restart due (``rolling`` only) or a driver change."""
+    restart = found.restart_pending and settings["restart"] == "rolling"
+    return bool(found.problem or found.writes or restart or settings["driver"])
 
 
 def _check(state: State, node: Host, settings: NodeSettings) -> containerd.Registration:
@@ -263,14 +286,11 @@ def _reports(state: State, order: list[str], outcomes: dict[str, str]) -> dict[s
 
 
 def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Registration) -> str:
-    """One node's turn: before-hook; driver and GPU steps; back up, write its files, restart and
-    verify (what it wrote rolled back on failure); after-hook. Returns the outcome."""
-    reason = found.service["restart_reason"] if found.service and found.restart_pending else ""
-    changes = turn_changes(settings["driver"], found.writes, reason if found.restart_pending else None)
-    hooked = not found.problem  # a refused config fails the node at once: no hook, no driver change
+    """One node's turn: the node lock, and the node read again under it; before-hook; driver and GPU
+    steps; back up, write its files, restart and verify (what it wrote rolled back on failure);
+    after-hook. ``found`` is the run's earlier read: the turn decides from its own. Returns the outcome."""
+    rolling = settings["restart"] == "rolling"
     did: list[str] = []
-    with on_host(state, node):
-        hostname = _hostname(node, settings) if hooked else ""
     # The conducting host is inside this operation: its nested steps run as if it were not.
     # pyinfra's context manager does not restore the host on an exception: catch inside it.
     with outside_operation(node), on_host(state, node):
@@ -278,6 +298,16 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
             node_locked(name="node: locked for its turn")  # before the before-hook drains it
         except NestedOperationError as error:
             return f"failed: {_cause(state, node, error)}; the node was not touched"
+        read_afresh(state, node.name)  # the node may have changed since the run's read
+        found = containerd.registration(**settings["runtime"])
+        hooked = not found.problem  # a refused config fails the node at once: no hook, no driver change
+        hostname, refused = _hook_hostname(node, settings) if hooked else ("", None)
+    unit = _unit_problem(found, settings)
+    if refused or unit:
+        return f"failed: {refused or unit}; the node was not touched"
+    if not _turn_needed(found, settings):
+        return "unchanged"
+    changes = turn_changes(settings["driver"], found.writes, found.restart_reason if rolling else None)
     if hooked and settings["before"]:
         failure = _hook(node, "before", settings, hostname, changes)
         if failure:
@@ -285,30 +315,33 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
         did.append("before-hook")
     with outside_operation(node), on_host(state, node):
         try:
-            writes = bool(found.writes) and not found.problem  # a refused config: nothing to back up
             if hooked and settings["steps"]:
                 settings["steps"]()
                 did.extend(settings["driver"])
                 if any(change.startswith("driver: reboot") for change in settings["driver"]):
                     _lock.lost(state, node.name)  # the lock's holder ended with the boot
                     node_locked(name="node: locked again after the reboot")
-                writes = bool(containerd.registration(**settings["runtime"]).writes)
-            backup = _backup_path() if writes else None
+                found = containerd.registration(**settings["runtime"])  # the steps changed the node
+            backup = _backup_path() if found.writes and not found.problem else None  # a refused config: no backup
             if backup:
                 containerd.config_backed_up(name="containerd: config backed up", path=backup)
             written = containerd.nvidia_runtime(name="containerd: nvidia runtime registered", **settings["runtime"])
-            restarted = containerd.restarted_if_pending(
-                name="containerd: restarted and verified",
-                timeout=settings["timeout"],
-                backup=backup if written.did_change() else None,
-                dropped_runtimes=found.dropped_runtimes,
+            restarted = (
+                containerd.restarted_if_pending(
+                    name="containerd: restarted and verified",
+                    timeout=settings["timeout"],
+                    backup=backup if written.did_change() else None,
+                    dropped_runtimes=found.dropped_runtimes,
+                )
+                if rolling
+                else None
             )
         except NestedOperationError as error:
             unrun = "; after-hook not run" if hooked and settings["after"] else ""
             return f"failed: {_cause(state, node, error)}{unrun}"
     if written.did_change():
         did.append("containerd written")
-    if restarted.did_change():
+    if restarted and restarted.did_change():
         did.append("containerd restarted and verified")
     if hooked and settings["after"]:
         failure = _hook(node, "after", settings, hostname, changes)

@@ -315,3 +315,119 @@ def test_a_driver_reboot_is_taken_in_its_nodes_turn_only(
     row = summary_row(run.stdout, "tn2")
     assert f"done: before-hook, driver: reboot ({OLD_DRIVER} loaded, {DRIVER} installed)" in row, row
     assert "nvidia" in running_runtimes(fleet, "tn2")
+
+
+HOSTILE_HOSTNAME = "--selector=kubernetes.io/os=linux"  # an option for kubectl drain: every Linux node
+
+
+def test_a_hostname_that_is_no_node_name_fails_its_node_before_any_hook(
+    fleet: Fleet, tmp_path: Path, hook: Path
+) -> None:
+    fleet.reset(NODES)
+    sh(fleet, "tn2", f"hostname -b -- '{HOSTILE_HOSTNAME}' && test \"$(uname -n)\" = '{HOSTILE_HOSTNAME}'")
+    path = inventory(fleet, tmp_path, hook)
+
+    dry = deploy(path, "--dry")
+    assert f"[tn2] plan: the node's hostname '{HOSTILE_HOSTNAME}' is not a valid Kubernetes node name" in dry.stdout
+    assert f"before-hook on the controller: {hook} before tn2" not in dry.stdout, dry.stdout
+    before = untouched(fleet)
+
+    run = deploy(path, "-y")
+    assert run.returncode != 0, run.stdout
+    assert "is not a valid Kubernetes node name" in summary_row(run.stdout, "tn2")
+    assert [call["argv"][:2] for call in calls(hook)] == [["before", "tn1"], ["after", "tn1"]]
+    assert all(HOSTILE_HOSTNAME not in value for call in calls(hook) for value in call["env"].values())
+    assert untouched(fleet)["tn2"] == before["tn2"]
+    assert "halted: not touched after the failure on tn2" in summary_row(run.stdout, "tn3")
+
+
+# A before-hook that, in tn1's turn, deletes tn2's drop-in: tn2 changes after the run read it.
+DELETING_HOOK = """#!{python}
+import subprocess, sys
+if sys.argv[1:3] == ["before", "tn1"]:
+    subprocess.run(["ssh", "-F", {ssh_config!r}, "tn2", "rm -f {dropin}"], check=True, timeout=60)
+"""
+DROPIN = "/etc/containerd/gpunode/nvidia-runtime.toml"
+# tn2's containerd refuses to start while our drop-in exists: only a write of it fails the restart.
+INJECT_FAILURE = (
+    "mkdir -p /etc/systemd/system/containerd.service.d && printf '%s\\n' '[Service]' "
+    f"'ExecStartPre=/bin/sh -c \"test ! -e {DROPIN}\"' "
+    "> /etc/systemd/system/containerd.service.d/test-failure.conf && systemctl daemon-reload"
+)
+
+
+def test_a_turn_backs_up_what_it_reads_under_its_lock(fleet: Fleet, tmp_path: Path) -> None:
+    """tn2 reads as restart-only when the run starts, then loses its drop-in before its turn: the turn
+    reads it again, backs up before writing, and restores that backup when the restart fails."""
+    fleet.reset(NODES)
+    hook = tmp_path / "deleting-hook"
+    hook.write_text(DELETING_HOOK.format(python=sys.executable, ssh_config=str(fleet.ssh_config_path), dropin=DROPIN))
+    hook.chmod(0o755)
+    path = inventory(fleet, tmp_path, hook, gpunode_rollout_after=[])
+    assert deploy(path, "-y").returncode == 0  # converged, tn2's drop-in in place
+    for node in ("tn1", "tn2"):
+        sh(fleet, node, "touch /etc/containerd/config.toml")  # a restart pending, nothing to write
+    sh(fleet, "tn2", INJECT_FAILURE)
+
+    run = deploy(path, "-y")
+    assert run.returncode != 0, run.stdout
+    assert "the config this run wrote was replaced by the backup taken before it" in run.stdout, run.stdout
+    assert "this run wrote no containerd config" not in run.stdout
+    assert sh(fleet, "tn2", "systemctl is-active containerd").strip() == "active"
+    assert sh(fleet, "tn2", f"test -e {DROPIN} || echo absent").strip() == "absent"  # as the backup holds it
+
+
+CRI_FAILING_DROPIN = """version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins."io.containerd.grpc.v1.cri".registry]
+  config_path = "/etc/containerd/certs.d"
+[plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]
+  endpoint = ["https://registry-1.docker.io"]
+"""
+
+
+def test_an_active_containerd_whose_cri_plugin_failed_takes_a_turn(fleet: Fleet, tmp_path: Path, hook: Path) -> None:
+    """tn2's daemon runs, its CRI plugin failed at start (mirrors with config_path), and its files are
+    right again and older than the daemon: the turn restarts it and verifies the CRI plugin."""
+    path = inventory(fleet, tmp_path, hook)
+    fleet.reset(NODES)
+    assert deploy(path, "-y").returncode == 0
+    hook.with_name("hooks.jsonl").unlink()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(CRI_FAILING_DROPIN)
+    sh(fleet, "tn2", f"cp {DROPIN} /root/good.toml")
+    put(fleet, "tn2", DROPIN, CRI_FAILING_DROPIN.encode())
+    sh(fleet, "tn2", "systemctl restart containerd")
+    assert "failed to load plugin" in sh(
+        fleet, "tn2", "journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID=$(systemctl show -p InvocationID --value "
+        "containerd) | grep -E 'failed to load plugin io.containerd.grpc.v1.cri' || true"
+    )  # fmt: skip
+    sh(fleet, "tn2", f"cp /root/good.toml {DROPIN} && touch -d '-1 hour' {DROPIN}")
+    assert sh(fleet, "tn2", "systemctl is-active containerd").strip() == "active"
+
+    run = deploy(path, "-y")
+    assert run.returncode == 0, run.stdout
+    assert "restarting containerd: its CRI plugin failed to load" in run.stdout, run.stdout
+    assert [call["argv"][:2] for call in calls(hook)] == [["before", "tn2"], ["after", "tn2"]]
+    assert "nvidia" in running_runtimes(fleet, "tn2")
+    assert "containerd restarted and verified" in summary_row(run.stdout, "tn2")
+
+
+def test_a_driver_change_waits_for_its_turn_without_containerd_restarts(
+    fleet: Fleet, tmp_path: Path, hook: Path, tn2_reboot_pending: None
+) -> None:
+    """``gpunode_containerd_restart: none`` writes containerd files without restarts, but tn2's driver
+    reboot still takes its turn between its hooks; the other nodes take none."""
+    path = inventory(fleet, tmp_path, hook, gpunode_reboot=True, gpunode_containerd_restart="none")
+    boots = {node: boot_id(fleet, node) for node in NODES}
+    pids = {node: main_pid(fleet, node) for node in ("tn1", "tn3")}
+
+    run = deploy(path, "-y")
+    assert run.returncode == 0, run.stdout
+    assert boot_id(fleet, "tn2") != boots["tn2"], "tn2 was not rebooted"
+    made = {(call["argv"][0], call["argv"][1]): call for call in calls(hook)}
+    assert sorted(made) == [("after", "tn2"), ("before", "tn2")], calls(hook)
+    assert at(made["before", "tn2"]) < booted_at(fleet, "tn2") < at(made["after", "tn2"])
+    assert {node: main_pid(fleet, node) for node in ("tn1", "tn3")} == pids  # files only, no restart
+    assert {node: boot_id(fleet, node) for node in ("tn1", "tn3")} == {n: boots[n] for n in ("tn1", "tn3")}
