@@ -6,6 +6,7 @@ README's host-data table is checked against ``KEYS`` by the tests.
 
 from __future__ import annotations
 
+import os.path
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ class Key:
     check: Callable[[Any], bool]
     # A whole number stands for its digits (``--data gpunode_driver_branch=580`` parses to an int).
     number_as_text: bool = False
+    # A path (or list of paths) on the node: warned about under a world-writable directory.
+    node_path: bool = False
 
 
 def _choice(*values: str) -> Callable[[Any], bool]:
@@ -47,9 +50,31 @@ def _str(value: Any) -> bool:
     return isinstance(value, str)
 
 
-def _abs_path(value: Any) -> bool:
-    return isinstance(value, str) and value.startswith("/")
+def is_normal_path(value: Any) -> bool:
+    """An absolute path written the one way ``os.path.normpath`` writes it: no ``.`` or ``..``
+    component, no ``//``, no trailing ``/`` (except ``/`` itself)."""
+    return (
+        isinstance(value, str)
+        and value.startswith("/")
+        and not value.startswith("//")
+        and (os.path.normpath(value) == value)
+    )
 
+
+def _abs_path(value: Any) -> bool:
+    return is_normal_path(value)
+
+
+def _abs_path_list(value: Any) -> bool:
+    return _is_str_list(value) and all(is_normal_path(item) for item in value)
+
+
+# Directories anyone may write to (sticky or not): a path under one of them can be planted or
+# swapped by any local user, and /tmp, /dev/shm are emptied at boot.
+WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+PATH_KIND = "absolute normalised path"
 
 KEYS: dict[str, Key] = {
     key.name: key
@@ -103,17 +128,19 @@ KEYS: dict[str, Key] = {
         ),
         Key(
             "gpunode_containerd_dropin_dir",
-            "absolute path",
+            PATH_KIND,
             "/etc/containerd/conf.d",
             "directory of containerd drop-ins; config.toml's `imports` is made to cover `<dir>/*.toml`",
             _abs_path,
+            node_path=True,
         ),
         Key(
             "gpunode_nvidia_runtime_binary",
-            "absolute path",
+            PATH_KIND,
             "/usr/bin/nvidia-container-runtime",
             "`BinaryName` of the nvidia runtime",
             _abs_path,
+            node_path=True,
         ),
         Key(
             "gpunode_nvidia_systemd_cgroup",
@@ -138,10 +165,11 @@ KEYS: dict[str, Key] = {
         ),
         Key(
             "gpunode_cdi_spec_dirs",
-            "list[str]",
+            f"list of {PATH_KIND}s",
             ["/etc/cdi", "/var/run/cdi"],
             "CDI spec directories given to containerd (`cdi_spec_dirs`, containerd 1.7 and 2.x)",
-            lambda value: _is_str_list(value) and all(item.startswith("/") for item in value),
+            _abs_path_list,
+            node_path=True,
         ),
         Key(
             "gpunode_driver_branch",
@@ -257,18 +285,20 @@ KEYS: dict[str, Key] = {
         ),
         Key(
             "gpunode_toolkit_deb_dir",
-            "absolute path or null",
+            f"{PATH_KIND} or null",
             None,
             "directory on the node holding the toolkit's .deb files (`gpunode_toolkit_source: deb_dir`)",
             lambda value: value is None or _abs_path(value),
+            node_path=True,
         ),
         Key(
             "gpunode_cdi_spec_path",
-            "absolute path",
+            PATH_KIND,
             "/etc/cdi/nvidia.yaml",
             "CDI spec generated with nvidia-ctk when missing, not matching the loaded driver or not listing every GPU "
             "by index plus `all`; the default survives a reboot (`/var/run/cdi` is a tmpfs emptied at boot)",
             _abs_path,
+            node_path=True,
         ),
         Key(
             "gpunode_readiness_json",
@@ -299,6 +329,25 @@ def validate(data: Mapping[str, Any]) -> dict[str, Any]:
             raise HostDataError(f"host-data key {name!r} must be {key.kind}, got {value!r}")
         values[name] = value
     return values
+
+
+def world_writable_warnings(values: Mapping[str, Any]) -> list[str]:
+    """One warning per path key of ``values`` (validated) lying in a directory anyone may write to."""
+    warnings = []
+    for name, key in KEYS.items():
+        value = values.get(name)
+        for path in value if isinstance(value, list) else [value]:
+            if key.node_path and isinstance(path, str) and in_world_writable(path):
+                warnings.append(
+                    f"host-data key {name!r} is {path!r}, under a directory anyone may write to "
+                    f"({', '.join(WORLD_WRITABLE)}): any local user can plant or replace it"
+                )
+    return warnings
+
+
+def in_world_writable(path: str) -> bool:
+    """Whether the normalised absolute ``path`` is one of ``WORLD_WRITABLE`` or lies under one."""
+    return any(path == top or path.startswith(top + "/") for top in WORLD_WRITABLE)
 
 
 def _visible(value: Any) -> str:

@@ -20,7 +20,7 @@ from pyinfra.api import State, deploy
 from pyinfra_gpunode.driver_plan import DriverRequest, DriverRequestError, check_request, resolve_source
 from pyinfra_gpunode.facts.nvidia import NodeKind, NvidiaDriver
 from pyinfra_gpunode.hooks import HOOK_KEYS, check_hook
-from pyinfra_gpunode.hostdata import HostDataError, validate
+from pyinfra_gpunode.hostdata import HostDataError, validate, world_writable_warnings
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import (
     cdi,
@@ -165,6 +165,8 @@ def _checked_settings(gpu: bool = True) -> tuple[dict[str, Any] | None, str]:
     except HostDataError as exc:
         error = str(exc)
     else:
+        for warning in world_writable_warnings(values):
+            logger.warning("%s%s", host.print_prefix, warning)
         snapshot_binary(values["gpunode_nvidia_runtime_binary"])
         return values, ""
     return None, error

@@ -14,7 +14,8 @@ import os
 from pyinfra import host
 from pyinfra.api import deploy
 
-from pyinfra_gpunode.hostdata import HostDataError, validate
+from pyinfra_gpunode.hostdata import HostDataError, validate, world_writable_warnings
+from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import hostdata, readiness
 from pyinfra_gpunode.operations._shared import snapshot_binary
 
@@ -31,6 +32,8 @@ def node_readiness_reported(fail_not_ready: bool = True) -> None:
     except HostDataError as error:
         hostdata.accepted(name="host data: accepted", error=str(error))
         return
+    for warning in world_writable_warnings(values):
+        logger.warning("%s%s", host.print_prefix, warning)
     snapshot_binary(values["gpunode_nvidia_runtime_binary"])
     readiness.reported(
         name="readiness: every link of the chain",

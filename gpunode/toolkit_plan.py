@@ -45,6 +45,19 @@ def toolkit_source(source: str, version: str | None, packaged: Mapping[str, str]
     return "installed" if found_outside else "repository"
 
 
+def keyring_needs_pin(source: str, repository_configured: bool, fingerprints: Sequence[str], pinned: str) -> bool:
+    """Whether the repository keyring holds a key besides exactly ``pinned`` and must be rewritten.
+
+    Checked wherever apt may read the repository: the toolkit comes from it (``source`` is
+    ``repository``) or its list file is on the node (``repository_configured``), whatever the
+    source, an installed toolkit included: any key in that keyring may sign the packages apt
+    upgrades the toolkit to. ``fingerprints``: the keyring's primary keys (none: no keyring).
+    """
+    if source != "repository" and not repository_configured:
+        return False
+    return list(fingerprints) not in ([], [pinned])
+
+
 def newest_common_version(available: Mapping[str, Sequence[str]], names: Sequence[str]) -> str | None:
     """The newest version the index offers for every one of ``names`` (each list newest first)."""
     if not names:

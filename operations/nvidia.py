@@ -45,7 +45,13 @@ from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._atomic import write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import node_fact
-from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit, newest_common_version, toolkit_source
+from pyinfra_gpunode.toolkit_plan import (
+    ToolkitRequestError,
+    check_toolkit,
+    keyring_needs_pin,
+    newest_common_version,
+    toolkit_source,
+)
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 TOOLKIT_FINGERPRINT = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
@@ -415,17 +421,20 @@ def container_toolkit(
     complete = all(name in packages for name in TOOLKIT_PACKAGES)
     found_outside = bool(toolkit.get("ctk_path") and toolkit["runtime_binary"])
     source = toolkit_source(source, version, packages if complete else {}, found_outside)
+    # A keyring with any key but exactly the pinned one lets that key sign the repository: replaced,
+    # on every run where apt reads the repository (its list file is there), the toolkit installed or not.
+    keyring_wrong = keyring_needs_pin(
+        source, toolkit["repo_list"] is not None, toolkit["keyring_fingerprints"], TOOLKIT_FINGERPRINT
+    )
+    if keyring_wrong:
+        yield StringCommand(keyring_script())
     if source == "installed":
-        yield from _toolkit_checked(toolkit, version)
+        yield from _toolkit_checked(toolkit, version, quiet=keyring_wrong)
         return
     if version is None and complete and len({packages[n] for n in TOOLKIT_PACKAGES}) == 1:
         version = packages["nvidia-container-toolkit"]  # the version taken once is kept
     versions_ok = complete and all(packages[n] == version for n in TOOLKIT_PACKAGES)
 
-    # A keyring with any key but exactly the pinned one lets that key sign the repository: replaced.
-    keyring_wrong = source == "repository" and toolkit["keyring_fingerprints"] not in ([], [TOOLKIT_FINGERPRINT])
-    if keyring_wrong:
-        yield StringCommand(keyring_script())
     if versions_ok and all(n in held for n in TOOLKIT_PACKAGES) and toolkit["runtime_binary"]:
         if not keyring_wrong:
             host.noop(f"NVIDIA Container Toolkit {packages['nvidia-container-toolkit']} is installed and held")
@@ -451,8 +460,9 @@ def container_toolkit(
     yield _hold(list(TOOLKIT_PACKAGES))
 
 
-def _toolkit_checked(toolkit: ToolkitInfo, version: str | None) -> Generator[Any, Any, None]:
-    """``installed``: the toolkit's packages, or its two binaries on PATH without them, at ``version``."""
+def _toolkit_checked(toolkit: ToolkitInfo, version: str | None, quiet: bool = False) -> Generator[Any, Any, None]:
+    """``installed``: the toolkit's packages, or its two binaries on PATH without them, at ``version``
+    (``quiet``: a command was yielded before, so a right toolkit is no no-op)."""
     packages = toolkit["packages"]
     if all(name in packages for name in TOOLKIT_PACKAGES):
         found = packages["nvidia-container-toolkit"]
@@ -460,13 +470,13 @@ def _toolkit_checked(toolkit: ToolkitInfo, version: str | None) -> Generator[Any
             yield _fail(f"NVIDIA Container Toolkit is {found}, not {version}")
         elif not toolkit["runtime_binary"]:
             yield _fail("NVIDIA Container Toolkit is installed but nvidia-container-runtime is not on PATH")
-        else:
+        elif not quiet:
             host.noop(f"NVIDIA Container Toolkit {found} is installed")
     elif toolkit.get("ctk_path") and toolkit["runtime_binary"]:
         found = toolkit["ctk_version"] or "of unknown version"
         if version is not None and found != upstream_version(version):
             yield _fail(f"NVIDIA Container Toolkit found outside the package manager is {found}, not {version}")
-        else:
+        elif not quiet:
             host.noop(
                 f"NVIDIA Container Toolkit {found} is installed outside the package manager: "
                 f"{toolkit.get('ctk_path')}, {toolkit['runtime_binary']}"

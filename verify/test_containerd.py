@@ -5,8 +5,14 @@ from __future__ import annotations
 import tomllib
 
 from pyinfra_gpunode.containerd_dropin import CRI_V2
-from pyinfra_gpunode.containerd_dump import CRI_V3_IMAGES
-from pyinfra_gpunode.facts.containerd import ContainerdConfigDump, ContainerdConfigFiles, ContainerdCriLoaded
+from pyinfra_gpunode.containerd_dump import CRI_V3_IMAGES, expected_after_restart, restart_problem
+from pyinfra_gpunode.facts.containerd import (
+    DEFAULT_ADDRESS,
+    ContainerdConfigDump,
+    ContainerdConfigFiles,
+    ContainerdCriLoaded,
+    ContainerdService,
+)
 from pyinfra_gpunode.hostdata import validate
 
 from .facts import read_fact
@@ -49,10 +55,19 @@ def test_default_runtime_is_defined(node: Node) -> None:
 
 
 def test_running_daemon_loaded_nvidia_runtime(node: Node) -> None:
-    loaded = read_fact(node, ContainerdCriLoaded)
-    assert loaded["loaded"], f"the running containerd has no CRI plugin: {loaded['error']}"
-    assert "nvidia" in loaded["runtimes"], f"the running containerd loaded only {loaded['runtimes']}"
-    assert loaded["default_runtime_name"] == _merged(node)["summary"]["default_runtime_name"]
+    """The running daemon judged as the rollout judges the daemon it restarted: active, its CRI plugin
+    loaded with the nvidia runtime, every runtime of the config and its default runtime. Where
+    containerd logs no CRI start line (a log level above info) only the plugin's status is known,
+    from ``ctr plugins ls``, and an ``ok`` there is what the rollout accepts too."""
+    dump = _merged(node)
+    address = str(dump["dump"].get("grpc", {}).get("address") or DEFAULT_ADDRESS)
+    service = read_fact(node, ContainerdService)
+    loaded = read_fact(node, ContainerdCriLoaded, address=address) or ContainerdCriLoaded.default()
+    assert service is not None, "systemd does not answer"
+    problem = restart_problem(
+        service["active_state"], service["result"], loaded, expected_after_restart(dump["summary"], loaded)
+    )
+    assert problem is None, f"the running containerd: {problem} (read from {loaded['source'] or 'nothing'})"
 
 
 def test_registry_config_path_kept(node: Node) -> None:

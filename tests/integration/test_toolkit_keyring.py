@@ -17,6 +17,7 @@ import pytest
 
 from pyinfra_gpunode.facts.nvidia import NvidiaContainerToolkit, primary_fingerprints
 from pyinfra_gpunode.operations.nvidia import keyring_script
+from pyinfra_gpunode.toolkit_plan import keyring_needs_pin, toolkit_source
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("gpg") is None or shutil.which("curl") is None, reason="needs gpg and curl"),
@@ -109,6 +110,21 @@ def test_keyring_with_another_key_is_replaced(keys: dict, tmp_path: Path) -> Non
     done = install(tmp_path, keys["pinned"], keys["both"], keyring)
     assert done.returncode == 0, done.stderr
     assert fingerprints(keyring, tmp_path) == [keys["pinned"]]
+
+
+def test_installed_toolkit_keyring_with_another_key_is_found_and_replaced(keys: dict, tmp_path: Path) -> None:
+    """A node whose toolkit is installed (``auto`` takes it as ``installed``) with its repository
+    configured: the keyring is still read, and one holding another key is rewritten."""
+    source = toolkit_source("auto", None, {"nvidia-container-toolkit": "1.17.8-1"}, False)
+    assert source == "installed"
+    keyring = tmp_path / "toolkit.gpg"
+    shutil.copy(keys["binary_both"], keyring)
+    assert keyring_needs_pin(source, True, fingerprints(keyring, tmp_path), keys["pinned"])
+    assert not keyring_needs_pin(source, False, fingerprints(keyring, tmp_path), keys["pinned"])  # apt reads it not
+    done = install(tmp_path, keys["pinned"], keys["both"], keyring)
+    assert done.returncode == 0, done.stderr
+    assert not keyring_needs_pin(source, True, fingerprints(keyring, tmp_path), keys["pinned"])
+    assert not keyring_needs_pin("repository", True, fingerprints(keyring, tmp_path), keys["pinned"])
 
 
 def test_key_file_without_the_pinned_key_is_refused(keys: dict, tmp_path: Path) -> None:
