@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Generator
@@ -26,10 +27,16 @@ from pyinfra_gpunode.operations._internals import current_state, in_a_run
 
 P = ParamSpec("P")
 
-LOCK = "/run/lock/pyinfra-gpunode.lock"
+# In a directory of the project's own, root's and 0700 (/run is a tmpfs: no lock outlives a boot).
+LOCK = "/run/pyinfra-gpunode/node.lock"
+# A holder ends at the latest this long after the lock was last taken or renewed, even while its
+# connection's process lingers (an sshd session whose controller died); this run renews its lock
+# before a change once half of that has passed.
+HOLD_S = 3600
 
-# Hold LOCK in a background process for as long as this connection lives or until node_unlocked
-# ends it (shell/node-lock.sh); end the holder this run started, and only that one (shell/node-unlock.sh).
+# Hold LOCK in a background process for as long as this connection lives (at most HOLD_S after it was
+# last taken or renewed) or until node_unlocked ends it (shell/node-lock.sh); end the holder this run
+# started, and only that one (shell/node-unlock.sh).
 _TAKE_LOCK = shell.script(Path(__file__).parent / "shell" / "node-lock.sh")
 _RELEASE_LOCK = shell.script(Path(__file__).parent / "shell" / "node-unlock.sh")
 
@@ -37,6 +44,7 @@ _RELEASE_LOCK = shell.script(Path(__file__).parent / "shell" / "node-unlock.sh")
 # whose changes take the lock first (live nodes: an image or chroot is not locked).
 _HOLDERS: weakref.WeakKeyDictionary[State, str] = weakref.WeakKeyDictionary()
 _LOCKED: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
+_TAKEN: weakref.WeakKeyDictionary[State, dict[str, float]] = weakref.WeakKeyDictionary()
 _LIVE: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
 
 
@@ -50,19 +58,29 @@ def holds(run: State, name: str) -> bool:
     return name in _LOCKED.get(run, set())
 
 
+def renewal_due(taken: float, now: float, hold_s: float = HOLD_S) -> bool:
+    """Whether a lock taken or renewed at ``taken`` (monotonic seconds) is renewed at ``now``: once half
+    of the ``hold_s`` its holder keeps it without renewal has passed."""
+    return now - taken >= hold_s / 2
+
+
 def take() -> Generator[Any, Any, None]:
     """The command that takes this node's lock for this run (waiting up to 10 s for another run), if it
-    does not hold it yet; nothing while not executing."""
+    does not hold it yet, or renews it when that is due; nothing while not executing."""
     run = current_state()
-    if not state.is_executing or holds(run, host.name):
+    if not state.is_executing:
+        return
+    now = time.monotonic()
+    if holds(run, host.name) and not renewal_due(_TAKEN[run][host.name], now):
         return
     if run not in _HOLDERS:
         _HOLDERS[run] = (
             f"pyinfra-gpunode run {uuid.uuid4().hex[:12]} from {socket.gethostname()} pid {os.getpid()} "
             f"since {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}"
         )
-    yield StringCommand(shell.command(_TAKE_LOCK, "gpunode-lock", LOCK, _HOLDERS[run]))
+    yield StringCommand(shell.command(_TAKE_LOCK, "gpunode-lock", LOCK, _HOLDERS[run], str(HOLD_S)))
     _LOCKED.setdefault(run, set()).add(host.name)
+    _TAKEN.setdefault(run, {})[host.name] = now
 
 
 def release() -> Generator[Any, Any, None]:

@@ -52,7 +52,7 @@ def node_locked() -> Generator[Any, Any, None]:
     """
     Hold this node's lock for the rest of the run, so two runs never work on one node at once.
 
-    The lock (``/run/lock/pyinfra-gpunode.lock``, ``flock``) is held by a process on the node
+    The lock (``/run/pyinfra-gpunode/node.lock``, ``flock``) is held by a process on the node
     until ``node_unlocked`` ends it or this run's connection closes (the run ends, fails or is
     killed). A second run waits up to 10 seconds, then fails the node naming the holder (run
     id, controlling machine, process, start time). Taken once per run and node however often

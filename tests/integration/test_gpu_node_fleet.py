@@ -138,7 +138,7 @@ def test_clean_and_field_incident_nodes_converge_in_inventory_order(fleet: Fleet
 
     pids = {node: main_pid(fleet, node) for node in NODES}
     etc = {node: digest(fleet, node, "/etc") for node in NODES}
-    locks = {node: sh(fleet, node, "cat /run/lock/pyinfra-gpunode.lock") for node in NODES}
+    locks = {node: sh(fleet, node, "cat /run/pyinfra-gpunode/node.lock") for node in NODES}
     second = deploy(fleet, "-y", "--debug")
     assert second.returncode == 0, second.stdout
     assert {node: main_pid(fleet, node) for node in NODES} == pids, "the second run restarted containerd"
@@ -146,7 +146,7 @@ def test_clean_and_field_incident_nodes_converge_in_inventory_order(fleet: Fleet
     # Nothing to do: one remote command per node (its snapshot, read once for every step), no lock taken.
     ran = re.findall(r"Running command on (node\d): ", second.stdout)
     assert {node: ran.count(node) for node in NODES} == dict.fromkeys(NODES, 1), ran
-    assert {node: sh(fleet, node, "cat /run/lock/pyinfra-gpunode.lock") for node in NODES} == locks
+    assert {node: sh(fleet, node, "cat /run/pyinfra-gpunode/node.lock") for node in NODES} == locks
 
 
 def test_restart_failure_on_node2_rolls_back_and_halts(fleet: Fleet) -> None:
@@ -430,14 +430,14 @@ def test_a_second_run_is_refused_while_another_holds_the_node(fleet: Fleet, tmp_
     )
     try:
         for _ in range(300):
-            if "pyinfra-gpunode run" in fleet.run("node1", "cat /run/lock/pyinfra-gpunode.lock").stdout:
+            if "pyinfra-gpunode run" in fleet.run("node1", "cat /run/pyinfra-gpunode/node.lock").stdout:
                 break
             time.sleep(0.2)
         before = digest(fleet, "node1", "/etc")
         second = deploy(fleet, "-y", inventory=inventory)
         assert second.returncode != 0, second.stdout
         assert re.search(
-            r"another run holds the node lock /run/lock/pyinfra-gpunode.lock: "
+            r"another run holds the node lock /run/pyinfra-gpunode/node.lock: "
             r"pyinfra-gpunode run \w+ from .* pid \d+ since",
             second.stdout,
         ), second.stdout
