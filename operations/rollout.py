@@ -56,7 +56,8 @@ def node_locked() -> Generator[Any, Any, None]:
     until ``node_unlocked`` ends it or this run's connection closes (the run ends, fails or is
     killed). A second run waits up to 10 seconds, then fails the node naming the holder (run
     id, controlling machine, process, start time). Taken once per run and node however often
-    the deploys call it; a dry run does not take it.
+    the deploys call it, and renewed when half its hour has passed (a turn hours after the run's
+    first change on the node); a dry run does not take it.
 
     **Example:**
 
@@ -67,10 +68,12 @@ def node_locked() -> Generator[Any, Any, None]:
     if not state.is_executing:
         host.noop("the node lock is taken when the run executes")
         return
-    if _lock.holds(current_state(), host.name):
+    took = False
+    for command in _lock.take():  # nothing while this run holds it, unless its renewal is due
+        took = True
+        yield command
+    if not took:
         host.noop("this run holds the node lock")
-        return
-    yield from _lock.take()
 
 
 @operation(is_idempotent=False, idempotent_notice="Releases the lock this run holds, if any.")
