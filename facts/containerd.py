@@ -15,6 +15,7 @@ from pyinfra.api.exceptions import FactProcessError
 from typing_extensions import override
 
 from pyinfra_gpunode import shell
+from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
 from pyinfra_gpunode.containerd_dump import CriLoaded, DumpSummary, parse_cri_loaded, parse_cri_start_log, summarize
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, resolve_tree
 from pyinfra_gpunode.sections import marker, split_sections
@@ -63,6 +64,8 @@ class ContainerdConfigFilesInfo(TypedDict):
     texts: dict[str, str]
     mtimes: dict[str, int]
     modes: dict[str, str]
+    owners: dict[str, str]
+    kinds: dict[str, str]
     links: dict[str, str]
 
 
@@ -74,7 +77,10 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
     duplicates), each with its ``version``, ``imports``, top-level plugin keys and parse error.
     ``texts`` holds every ``*.toml`` under ``/etc/containerd`` (read through symbolic links; a
     byte that is not UTF-8 is kept as a surrogate escape, which the file's ``error`` names),
-    with its mtime and permission bits; ``links`` maps every symbolic link under
+    with its mtime, permission bits and numeric ``owner:group``; ``kinds`` gives the file type
+    (``stat -c %F``: ``regular file``, ``directory``, ...) of the main config, of
+    ``/etc/containerd/gpunode/nvidia-runtime.toml`` and of every directory above them that
+    exists and is not a symbolic link; ``links`` maps every symbolic link under
     ``/etc/containerd``, and the main config or a directory above it that is one, to its
     target; ``problems`` lists imports that name missing files or files outside ``/etc/containerd``.
 
@@ -90,6 +96,8 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
             "texts": {"/etc/containerd/config.toml": "...", ...},
             "mtimes": {"/etc/containerd/config.toml": 1764400000, ...},
             "modes": {"/etc/containerd/config.toml": "644", ...},
+            "owners": {"/etc/containerd/config.toml": "0:0", ...},
+            "kinds": {"/etc/containerd/config.toml": "regular file", "/etc/containerd": "directory", ...},
             "links": {},
         }
     """
@@ -101,8 +109,11 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
             f'{{ echo "$cfg"; find -L {CONFIG_ROOT} -name "*.toml" -type f 2>/dev/null; }} | sort -u | '
             'while read -r f; do if [ -r "$f" ] && [ -f "$f" ]; then '
             'b=$(printf %s "$f" | base64 -w0); echo "file $(stat -c %Y "$f") $b $(base64 -w0 < "$f")"; '
-            'echo "mode $(stat -L -c %a "$f") $b"; '
+            'echo "mode $(stat -L -c %a "$f") $b"; echo "owner $(stat -L -c %u:%g "$f") $b"; '
             "fi; done; "
+            f'for f in "$cfg" {shlex.quote(OUR_DROPIN)}; do p=$f; while [ "${{#p}}" -gt 1 ]; do '
+            'if [ -e "$p" ] && [ ! -L "$p" ]; then echo "kind $(printf %s "$p" | base64 -w0) $(stat -c %F "$p")"; fi; '
+            'p=$(dirname "$p"); done; done | sort -u; '
             f'{{ find {CONFIG_ROOT} -type l 2>/dev/null; p="$cfg"; while [ "${{#p}}" -gt 1 ]; do echo "$p"; '
             'p=$(dirname "$p"); done; } | sort -u | while read -r f; do if [ -L "$f" ]; then '
             'echo "link $(printf %s "$f" | base64 -w0) $(printf %s "$(readlink "$f")" | base64 -w0)"; fi; done'
@@ -114,6 +125,8 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
         texts: dict[str, str] = {}
         mtimes: dict[str, int] = {}
         modes: dict[str, str] = {}
+        owners: dict[str, str] = {}
+        kinds: dict[str, str] = {}
         links: dict[str, str] = {}
         for line in output:
             kind, _, rest = line.partition(" ")
@@ -127,6 +140,13 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
             elif kind == "mode":
                 mode, _, path_b64 = rest.partition(" ")
                 modes[_decoded(path_b64)] = mode
+            elif kind == "owner":
+                owner, _, path_b64 = rest.partition(" ")
+                if re.fullmatch(r"\d+:\d+", owner):
+                    owners[_decoded(path_b64)] = owner
+            elif kind == "kind":
+                path_b64, _, file_type = rest.partition(" ")
+                kinds[_decoded(path_b64)] = file_type
             elif kind == "link":
                 path_b64, _, target_b64 = rest.partition(" ")
                 links[_decoded(path_b64)] = _decoded(target_b64)
@@ -139,6 +159,8 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
             "texts": texts,
             "mtimes": mtimes,
             "modes": modes,
+            "owners": owners,
+            "kinds": kinds,
             "links": links,
         }
         return info

@@ -160,7 +160,7 @@ def parsed(config: ConfigFile) -> dict[str, Any]:
 
 def strictest_mode(modes: list[str], base: str = "644") -> str:
     """The permission bits every one of ``modes`` (octal, as ``stat -c %a`` prints them) allows, within ``base``."""
-    bits = int(base, 8)
+    bits = int(base, 8) & 0o777
     for mode in modes:
         bits &= int(mode, 8) & 0o777
     return f"{bits:o}"
@@ -176,3 +176,22 @@ def links_in_the_way(paths: list[str], links: dict[str, str]) -> list[str]:
             if candidate in links and candidate not in found:
                 found.append(candidate)
     return [f"{link} is a symbolic link to {links[link]}" for link in found]
+
+
+def not_regular_files(paths: list[str], kinds: dict[str, str]) -> list[str]:
+    """Paths we would write that are not regular files, or that have a directory above them that is not a directory.
+
+    ``kinds`` maps an existing path to its file type as ``stat -c %F`` prints it; a missing path is
+    not in it (it is created).
+    """
+    found = []
+    for path in paths:
+        parts = path.split("/")
+        for depth in range(2, len(parts) + 1):
+            candidate = "/".join(parts[:depth])
+            wanted = ("regular file", "regular empty file") if candidate == path else ("directory",)
+            kind = kinds.get(candidate)
+            message = f"{candidate} is a {kind}, not a {wanted[0]}"
+            if kind is not None and kind not in wanted and message not in found:
+                found.append(message)
+    return found

@@ -24,7 +24,7 @@ from pyinfra_gpunode.containerd_dump import (
     runc_runtime,
     summarize,
 )
-from pyinfra_gpunode.containerd_files import CONFIG_ROOT, links_in_the_way, strictest_mode
+from pyinfra_gpunode.containerd_files import CONFIG_ROOT, links_in_the_way, not_regular_files, strictest_mode
 from pyinfra_gpunode.facts.containerd import (
     DEFAULT_ADDRESS,
     ContainerdCandidateDump,
@@ -60,6 +60,7 @@ class Registration:
     writes: dict[str, str] = field(default_factory=dict)  # path -> new text
     current: dict[str, str] = field(default_factory=dict)  # path -> text on the node
     modes: dict[str, str] = field(default_factory=dict)  # path -> mode it is written with
+    owners: dict[str, str] = field(default_factory=dict)  # path -> owner:group it is written with
     service: ContainerdServiceInfo | None = None
     # Runtimes the written files no longer define because the file defining them was removed.
     dropped_runtimes: list[str] = field(default_factory=list)
@@ -109,6 +110,13 @@ def registration(
         return Registration(
             "containerd is not installed: install it before registering the nvidia runtime", installed=False
         )
+    not_files = not_regular_files([files["main_path"], OUR_DROPIN], files["kinds"])
+    if not_files:
+        return Registration(
+            "containerd config not changed: "
+            + "; ".join(not_files)
+            + ": gpunode writes regular files only; move it away or replace it with a file"
+        )
     options = Options(
         binary=binary,
         systemd_cgroup=systemd_cgroup,
@@ -139,10 +147,14 @@ def registration(
             "%s%s; containers using the nvidia runtime will fail until it is installed", host.print_prefix, message
         )
 
-    # A written file is as strict as the files whose keys it carries (registry credentials).
+    # A written file keeps its mode, owner and group; ours is as strict as the files whose keys it
+    # carries (registry credentials), never looser than it is.
     modes = {
         result.config_path: files["modes"].get(result.config_path, "644"),
-        OUR_DROPIN: strictest_mode([files["modes"][path] for path in result.sources if path in files["modes"]]),
+        OUR_DROPIN: strictest_mode(
+            [files["modes"][path] for path in result.sources if path in files["modes"]],
+            base=files["modes"].get(OUR_DROPIN, "644"),
+        ),
     }
     writes = {
         path: text
@@ -167,7 +179,12 @@ def registration(
         dropin_path=OUR_DROPIN,
         _stdin=candidate_input(staged_imports(result.config_text), result.dropin_text),
     )
-    found = Registration(writes=writes, current=current, modes={path: modes[path] for path in writes})
+    found = Registration(
+        writes=writes,
+        current=current,
+        modes={path: modes[path] for path in writes},
+        owners={path: files["owners"].get(path, "root:root") for path in writes},
+    )
     if after is None or after["error"]:
         found.problem = (
             "containerd config not changed: containerd rejects the candidate config: "
@@ -230,9 +247,12 @@ def nvidia_runtime(
     which therefore loads after every user drop-in. On containerd 1.6/1.7 that file carries
     the whole CRI section as the other files mean it (a partly defined runc with the
     ``runtime_type``/``sandbox_mode`` containerd fills in); on 2.x only the keys it owns.
-    Written files keep config.toml's mode, and our file is as strict as the files whose keys
-    it carries (a 0600 drop-in with registry credentials makes it 0600). A config.toml or
-    directory on the way that is a symbolic link is refused, naming it.
+    A file that exists keeps its owner, group and mode (config.toml's mode as it is); our file
+    is made as strict as the files whose keys it carries (a 0600 drop-in with registry
+    credentials makes it 0600), never looser. A new file is root's, mode 0644 (or stricter,
+    as above). A config.toml or directory on the way that is a symbolic link is refused,
+    naming it, and so is anything but a regular file at a path it writes (a directory named
+    ``nvidia-runtime.toml``) or anything but a directory above one.
 
     Before anything is written the whole candidate tree is staged in a temporary directory on
     the node and judged by the node's own ``containerd config dump``: nvidia present, every
@@ -264,7 +284,8 @@ def nvidia_runtime(
         host.noop("containerd runtime nvidia is registered")
         return
     for path, text in found.writes.items():
-        yield from write_file(path, text, mode=found.modes[path])
+        user, _, group = found.owners.get(path, "root:root").partition(":")
+        yield from write_file(path, text, mode=found.modes[path], user=user, group=group)
     if state.is_executing:
         logger.info("%scontainerd restart pending: %s", host.print_prefix, ", ".join(found.writes))
 
@@ -355,13 +376,17 @@ def config_backed_up(path: str) -> Generator[Any, Any, None]:
 _RESTART_AND_WAIT = shell.script(Path(__file__).parent / "shell" / "containerd-restart.sh")
 
 
-# Put paths back as a backup tar holds them, the failed files aside (shell/containerd-restore.sh).
+# Put a config tree back as a backup tar holds it, file by file, the failed files aside, and
+# compare it with the backup (shell/containerd-restore.sh).
 _RESTORE = shell.script(Path(__file__).parent / "shell" / "containerd-restore.sh")
 
 
-def _restore(backup: str, paths: list[str], failure: str) -> StringCommand:
-    """Put ``paths`` back as ``backup`` holds them (removing those it lacks); the failed files go aside."""
-    return StringCommand(shell.command(_RESTORE, "gpunode-restore", backup, FAILED_DIR, failure, *paths))
+def _restore(backup: str, roots: list[str], written: list[str], failure: str) -> StringCommand:
+    """Put every entry under ``roots`` back as ``backup`` holds it, remove the ``written`` files it lacks
+    (the failed files go aside), then fail naming every difference between the tree and the backup."""
+    return StringCommand(
+        shell.command(_RESTORE, "gpunode-restore", backup, FAILED_DIR, failure, *roots, "--", *written)
+    )
 
 
 @operation(
@@ -391,9 +416,13 @@ def restarted_if_pending(
     the journal; where containerd logs no such line (``[debug] level`` above info), from
     ``ctr plugins ls``: the CRI plugin's status ``ok`` on a daemon started after the config was
     written. The log says which way was used. On failure the paths in ``backup`` are restored
-    (the failed files are kept under ``/var/lib/pyinfra-gpunode/failed/``, mode 0700),
-    containerd is restarted again and checked against what the previous daemon loaded, and the
-    host fails with both findings. ``systemctl reset-failed`` precedes each restart, so
+    file by file into the directories as they are (``/etc/containerd`` may be a mount point),
+    with the backup's owner, group and mode; the config.toml or drop-in this run created is
+    removed, other files are left alone (the failed files are kept under
+    ``/var/lib/pyinfra-gpunode/failed/``, mode 0700); the tree is compared with the backup and
+    any difference fails the host, naming it, before containerd is restarted. Then containerd is
+    restarted again and checked against what the previous daemon loaded, and the host fails
+    with both findings. ``systemctl reset-failed`` precedes each restart, so
     systemd's start rate limit (``start-limit-hit``) cannot keep the unit down.
     ``systemctl restart`` is used, never SIGHUP.
 
@@ -439,7 +468,12 @@ def restarted_if_pending(
     if not host.get_fact(File, path=backup):
         yield fail(f"{failed}; nothing was restored: the backup {backup} is missing")
         return
-    yield _restore(backup, backup_paths(files["main_path"]), f"{failed}; restoring {backup} failed")
+    yield _restore(
+        backup,
+        backup_paths(files["main_path"]),
+        [files["main_path"], OUR_DROPIN],
+        f"{failed}; restoring {backup} failed",
+    )
     yield restart
     problem_after_rollback, _ = _problem(previous, address)
     if problem_after_rollback is None:

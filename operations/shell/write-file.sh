@@ -1,7 +1,8 @@
 # shellcheck shell=sh
 # Write DEST atomically from stdin (the text, base64 on one line): decoded into DEST.gpunode-new
 # (made for its owner only), given OWNER and MODE, then renamed over DEST; DEST's directory is
-# created if missing. A reader sees the old file or the new one, never a part.
+# created if missing. A reader sees the old file or the new one, never a part. A directory at
+# DEST is never written into: the rename fails instead.
 # Usage: sh -c "$script" gpunode-write DEST OWNER MODE < base64-text
 # Exit status: 0 when DEST holds the text; non-zero (DEST unchanged) otherwise.
 dest=$1
@@ -11,4 +12,4 @@ mkdir -p "$(dirname "$dest")" &&
     (umask 077 && base64 -d > "$temp") &&
     chown "$2" "$temp" &&
     chmod "$3" "$temp" &&
-    mv -f "$temp" "$dest"
+    mv -fT "$temp" "$dest"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -89,3 +90,44 @@ def test_invalid_dropin_fails_the_host_and_writes_nothing(chroot: Path) -> None:
     assert "/etc/containerd/conf.d/50-broken.toml: invalid TOML" in done.stdout + done.stderr
     assert (chroot / "etc/containerd/config.toml").read_text() == before
     assert not (chroot / OUR_DROPIN.lstrip("/")).exists()
+
+
+def test_directory_at_our_dropin_path_is_refused_naming_it(chroot: Path) -> None:
+    in_the_way = chroot / OUR_DROPIN.lstrip("/")
+    in_the_way.mkdir(parents=True)
+    config = chroot / "etc/containerd/config.toml"
+    before = config.read_text()
+    message = f"{OUR_DROPIN} is a directory, not a regular file"
+
+    plan = pyinfra(chroot, "--dry", "--data", "gpunode_containerd_restart=none")
+    assert message in plan.stdout + plan.stderr
+    for _ in range(2):
+        done = pyinfra(chroot, "-y", "--data", "gpunode_containerd_restart=none")
+        assert done.returncode != 0
+        assert message in done.stdout + done.stderr
+
+    assert in_the_way.is_dir() and not list(in_the_way.iterdir())
+    assert config.read_text() == before
+    assert not list((chroot / "etc/containerd").rglob("*.gpunode-new"))
+
+
+def test_written_files_keep_owner_group_and_mode(chroot: Path) -> None:
+    adm = 4  # a group of every Debian root
+    config = chroot / "etc/containerd/config.toml"
+    os.chown(config, 0, adm)
+    config.chmod(0o640)
+    first = pyinfra(chroot, "-y", "--data", "gpunode_containerd_restart=none")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert OUR_DROPIN in config.read_text()
+    written = config.stat()
+    assert (written.st_uid, written.st_gid, oct(written.st_mode & 0o777)) == (0, adm, "0o640")
+
+    dropin = chroot / OUR_DROPIN.lstrip("/")
+    os.chown(dropin, 0, adm)
+    dropin.chmod(0o600)  # stricter than config.toml, whose keys it carries: kept
+    dropin.write_text(dropin.read_text() + "# changed by hand\n")
+    second = pyinfra(chroot, "-y", "--data", "gpunode_containerd_restart=none")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "# changed by hand" not in dropin.read_text()
+    rewritten = dropin.stat()
+    assert (rewritten.st_uid, rewritten.st_gid, oct(rewritten.st_mode & 0o777)) == (0, adm, "0o600")

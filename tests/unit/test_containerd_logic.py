@@ -15,7 +15,13 @@ from pyinfra_gpunode.containerd_dump import (
     shown,
     summarize,
 )
-from pyinfra_gpunode.containerd_files import links_in_the_way, load_order, resolve_tree, strictest_mode
+from pyinfra_gpunode.containerd_files import (
+    links_in_the_way,
+    load_order,
+    not_regular_files,
+    resolve_tree,
+    strictest_mode,
+)
 from pyinfra_gpunode.versions import parse_containerd_version
 
 MAIN = "/etc/containerd/config.toml"
@@ -175,6 +181,24 @@ def test_modes_and_links_in_the_way() -> None:
     links = {"/etc/containerd": "/srv/containerd", "/etc/containerd/conf.d/x.toml": "/srv/x.toml"}
     assert links_in_the_way([MAIN, OUR_DROPIN], links) == ["/etc/containerd is a symbolic link to /srv/containerd"]
     assert links_in_the_way([MAIN], {"/etc/containerd/conf.d/x.toml": "/srv/x.toml"}) == []
+
+
+def test_an_existing_file_is_never_made_looser() -> None:
+    assert strictest_mode(["644"], base="600") == "600"
+    assert strictest_mode([], base="2640") == "640"
+
+
+def test_anything_but_a_regular_file_where_we_write_is_named() -> None:
+    kinds = {"/etc": "directory", "/etc/containerd": "directory", MAIN: "regular empty file"}
+    assert not_regular_files([MAIN, OUR_DROPIN], kinds) == []
+    kinds[OUR_DROPIN] = "directory"
+    kinds["/etc/containerd/gpunode"] = "directory"
+    assert not_regular_files([MAIN, OUR_DROPIN], kinds) == [f"{OUR_DROPIN} is a directory, not a regular file"]
+    kinds = {"/etc/containerd": "directory", "/etc/containerd/gpunode": "regular file", MAIN: "fifo"}
+    assert not_regular_files([MAIN, OUR_DROPIN], kinds) == [
+        f"{MAIN} is a fifo, not a regular file",
+        "/etc/containerd/gpunode is a regular file, not a directory",
+    ]
 
 
 def test_control_characters_in_inputs_are_refused() -> None:

@@ -39,3 +39,16 @@ def test_the_node_gets_exactly_the_text_with_its_mode(tmp_path: Path, text: str,
     assert dest.read_text() == text
     assert stat.S_IMODE(dest.stat().st_mode) == int(mode, 8)
     assert sorted(path.name for path in dest.parent.iterdir()) == ["file.toml"]
+
+
+def test_a_directory_at_dest_is_never_written_into(tmp_path: Path) -> None:
+    dest = tmp_path / "nvidia-runtime.toml"
+    dest.mkdir()
+    user, group = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
+    (command,) = write_file(str(dest), "version = 2\n", user=user, group=group)
+    stdin = command.connector_arguments["_stdin"]
+
+    result = subprocess.run(["sh", "-c", command.get_raw_value()], input=stdin + "\n", capture_output=True, text=True)
+
+    assert result.returncode != 0
+    assert dest.is_dir() and list(dest.iterdir()) == []
