@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypedDict
 
 import yaml
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from pyinfra_gpunode import shell
+
 SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 DEVICE_PLUGIN_SPEC = "k8s.device-plugin.nvidia.com-gpu.json"
 MARKER = "@@gpunode-cdi-spec"
+TOO_LARGE = "@@gpunode-cdi-spec-too-large"
+# Print each spec's text, or its size where it is over the limit (shell/cdi-specs.sh).
+_READ_SPECS = shell.script(Path(__file__).parent / "shell" / "cdi-specs.sh")
 _ML = re.compile(r"libnvidia-ml\.so\.(\d+(?:\.\d+)+)")
 _HOST_DRIVER = re.compile(r"--host-driver-version=(\d+(?:\.\d+)+)")
 
@@ -49,9 +57,93 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
 
 
-def _load(path: str, text: str) -> tuple[dict[str, Any], str | None]:
+@dataclass(frozen=True)
+class YamlLimits:
+    """How much a CDI spec may ask of the parser: real specs are far below every limit."""
+
+    max_bytes: int = 4 * 1024 * 1024
+    max_depth: int = 64  # nested collections
+    max_aliases: int = 100  # ``*name`` references (nvidia-ctk writes none)
+    max_nodes: int = 1_000_000  # nodes, each alias counting the nodes it stands for
+    max_seconds: float = 10.0
+
+
+LIMITS = YamlLimits()
+
+
+class SpecLimitError(yaml.YAMLError):
+    """A spec asks more of the parser than ``YamlLimits`` allows."""
+
+
+class BoundedSafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses, while composing, a document deeper, larger (aliases
+    expanded) or slower than ``limits``, and an alias to a collection that contains it."""
+
+    def __init__(self, stream: str, limits: YamlLimits = LIMITS) -> None:
+        super().__init__(stream)
+        self.limits = limits
+        self.depth = 0
+        self.aliases = 0
+        self.nodes = 0
+        self.anchor_nodes: dict[str, int] = {}  # anchor -> nodes of the collection it names, once composed
+        self.deadline = time.monotonic() + limits.max_seconds
+
+    def _refuse(self, problem: str) -> None:
+        mark = self.peek_event().start_mark
+        raise SpecLimitError(f"{problem} (line {mark.line + 1}, column {mark.column + 1})")
+
+    @override
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        limits = self.limits
+        if time.monotonic() > self.deadline:
+            self._refuse(f"parsing takes longer than {limits.max_seconds:g} s")
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > limits.max_aliases:
+                self._refuse(f"more than {limits.max_aliases} YAML aliases")
+            if event.anchor in self.anchors and event.anchor not in self.anchor_nodes:
+                self._refuse(f"alias *{event.anchor[:64]} refers to a collection that contains it")
+            self._count(self.anchor_nodes.get(event.anchor, 1))
+            return super().compose_node(parent, index)
+        collection = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
+        if collection and self.depth >= limits.max_depth:
+            self._refuse(f"collections nested deeper than {limits.max_depth} levels")
+        start = self.nodes
+        self._count(1)
+        self.depth += collection
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self.depth -= collection
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            self.anchor_nodes[anchor] = self.nodes - start
+        return node
+
+    def _count(self, nodes: int) -> None:
+        self.nodes += nodes
+        if self.nodes > self.limits.max_nodes:
+            self._refuse(f"more than {self.limits.max_nodes} YAML nodes (aliases expanded)")
+
+
+def load_bounded(text: str, limits: YamlLimits = LIMITS) -> Any:
+    """``text`` as ``yaml.safe_load`` reads it, within ``limits`` (``SpecLimitError`` naming the one exceeded)."""
+    size = len(text.encode(errors="surrogateescape"))
+    if size > limits.max_bytes:
+        raise SpecLimitError(f"{size} bytes, more than the limit of {limits.max_bytes} bytes")
+    loader = BoundedSafeLoader(text, limits)
     try:
-        document = yaml.safe_load(text)
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _load(path: str, text: str, limits: YamlLimits = LIMITS) -> tuple[dict[str, Any], str | None]:
+    try:
+        document = load_bounded(text, limits)
+    except SpecLimitError as exc:
+        return {}, f"{path} is refused unparsed: {exc}"
     except yaml.YAMLError as exc:
         return {}, f"{path} is not valid YAML or JSON: {_yaml_problem(exc)}"
     if not isinstance(document, dict):
@@ -76,9 +168,17 @@ class CdiSpec(TypedDict):
     error: str | None
 
 
-def parse_spec(path: str, mtime: int | None, text: str) -> CdiSpec:
-    """Summarise one CDI spec (YAML or JSON): its kind, device names in file order, the driver it was made for."""
-    document, error = _load(path, text)
+def parse_spec(path: str, mtime: int | None, text: str, limits: YamlLimits = LIMITS) -> CdiSpec:
+    """Summarise one CDI spec (YAML or JSON): its kind, device names in file order, the driver it was made for.
+
+    The text is parsed within ``limits`` (size, nesting, aliases, nodes, time); a spec beyond
+    them is reported as an ``error`` naming the file and the limit.
+    """
+    document, error = _load(path, text, limits)
+    return _summary(path, mtime, document, error)
+
+
+def _summary(path: str, mtime: int | None, document: dict[str, Any], error: str | None) -> CdiSpec:
     versions = _driver_versions(document)
     return {
         "path": path,
@@ -106,7 +206,10 @@ class CdiSpecs(FactBase[list[CdiSpec]]):
     order, the driver version of its ``libnvidia-ml.so.<version>`` host paths (else of
     ``--host-driver-version=``), whether it is the NVIDIA device plugin's own spec
     (``k8s.device-plugin.nvidia.com-gpu.json``), the modification time (epoch seconds), and
-    ``error`` naming the file when it does not parse as a CDI spec.
+    ``error`` naming the file when it does not parse as a CDI spec. Parsing is bounded
+    (``YamlLimits``: 4 MiB, collections 64 deep, 100 aliases, a million nodes with aliases
+    expanded, 10 seconds); a spec beyond a limit is an ``error`` naming the file and the limit,
+    and a file over 4 MiB is not read from the node at all.
 
     .. code:: python
 
@@ -127,11 +230,7 @@ class CdiSpecs(FactBase[list[CdiSpec]]):
 
     @override
     def command(self) -> str:
-        dirs = " ".join(f"{d}/*.yaml {d}/*.json" for d in SPEC_DIRS)
-        return (
-            f"for spec in {dirs}; do "
-            f'if [ -f "$spec" ]; then echo "{MARKER} $(stat -c %Y "$spec") $spec"; cat "$spec"; echo; fi; done'
-        )
+        return shell.command(_READ_SPECS, "gpunode-cdi-specs", MARKER, TOO_LARGE, str(LIMITS.max_bytes), *SPEC_DIRS)
 
     @staticmethod
     def default() -> list[CdiSpec]:
@@ -145,9 +244,18 @@ class CdiSpecs(FactBase[list[CdiSpec]]):
         for line in [*output, MARKER]:
             if line.startswith(f"{MARKER} ") or line == MARKER:
                 if current is not None:
-                    specs.append(parse_spec(current[0], current[1], "\n".join(body)))
+                    specs.append(_printed_spec(current[0], current[1], body))
                 mtime, _, path = line.removeprefix(MARKER).strip().partition(" ")
                 current, body = (path, int(mtime) if mtime.isdigit() else None), []
                 continue
             body.append(line)
         return specs
+
+
+def _printed_spec(path: str, mtime: int | None, body: list[str]) -> CdiSpec:
+    """The spec ``CdiSpecs``' command printed as ``body``: its text, or the size of a file too large to read."""
+    size = body[0].removeprefix(f"{TOO_LARGE} ") if len(body) == 1 else ""
+    if body[:1] == [f"{TOO_LARGE} {size}"] and size.isdigit():
+        error = f"{path} is refused unread: {size} bytes, more than the limit of {LIMITS.max_bytes} bytes"
+        return _summary(path, mtime, {}, error)
+    return parse_spec(path, mtime, "\n".join(body))

@@ -12,6 +12,9 @@ from collections.abc import Collection
 from typing import Any, TypedDict
 
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, FILLED_IN, RUNTIME, flatten
+from pyinfra_gpunode.redaction import is_secret as is_secret  # redaction's home is pyinfra_gpunode.redaction
+from pyinfra_gpunode.redaction import redacted as redacted
+from pyinfra_gpunode.redaction import shown
 
 
 class RuntimeInfo(TypedDict):
@@ -68,40 +71,6 @@ def summarize(dump: dict[str, Any]) -> DumpSummary:
         "cdi_spec_dirs": runtime_table.get("cdi_spec_dirs"),
         "registry_config_path": images_table.get("registry", {}).get("config_path"),
     }
-
-
-_SECRET_KEYS = {"auth", "auths", "password", "token", "identitytoken", "authorization"}
-
-
-def is_secret(key: str) -> bool:
-    """Whether a dotted key holds a credential: ``password``, ``token``, ``identitytoken`` or
-    anything under an ``auth`` table (registry ``configs.<host>.auth``, ``auths``)."""
-    return any(part.strip("\"'").lower() in _SECRET_KEYS for part in key.split("."))
-
-
-def shown(key: str, value: Any) -> str:
-    """``value`` for a message: ``'<redacted>'`` where ``key`` holds a credential."""
-    return "'<redacted>'" if is_secret(key) else repr(value)
-
-
-_KEY = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')"""
-_TABLE_LINE = re.compile(rf"^\s*\[\[?\s*({_KEY}(?:\s*\.\s*{_KEY})*)\s*\]\]?")
-_VALUE_LINE = re.compile(rf"^(\s*({_KEY}(?:\s*\.\s*{_KEY})*)\s*=\s*)(.*)$")
-
-
-def redacted(text: str) -> str:
-    """TOML text with every credential value (see ``is_secret``) replaced by ``"<redacted>"``, line by line."""
-    table = ""
-    out = []
-    for line in text.splitlines(keepends=True):
-        header = _TABLE_LINE.match(line)
-        value = None if header else _VALUE_LINE.match(line)
-        if header:
-            table = ".".join(re.findall(_KEY, header.group(1)))
-        elif value and is_secret(table + "." + ".".join(re.findall(_KEY, value.group(2)))):
-            line = value.group(1) + '"<redacted>"' + ("\n" if line.endswith("\n") else "")
-        out.append(line)
-    return "".join(out)
 
 
 def _normal(key: str, value: Any) -> Any:

@@ -19,7 +19,6 @@ from pyinfra_gpunode.containerd_dump import (
     CriLoaded,
     candidate_losses,
     expected_after_restart,
-    redacted,
     restart_problem,
     runc_runtime,
     summarize,
@@ -41,6 +40,7 @@ from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import facts_unchanged, node_fact
+from pyinfra_gpunode.redaction import redacted
 
 BACKUP_DIR = "/var/lib/pyinfra-gpunode/backup"  # mode 0700: the files can carry registry credentials
 FAILED_DIR = "/var/lib/pyinfra-gpunode/failed"  # mode 0700, like the backups

@@ -135,6 +135,37 @@ def test_credentials_keep_their_file_mode_and_stay_out_of_the_output(root: Path)
     assert not list(dropin.parent.glob("*.gpunode-new"))
 
 
+def test_dry_run_plan_shows_no_credential_in_any_toml_form(root: Path) -> None:
+    """config.toml with an inline-table password, a multi-line password and an X-Registry-Token header:
+    the dry run's plan (a diff of config.toml, its layout kept, and of our file, which carries them on 1.x)
+    shows each as ``<redacted>`` and the other keys as they are."""
+    secrets = ("inline-PASS-5151", "multi-LINE-6161", "second-LINE-7171", "hdr-TOKEN-8181")
+    config = root / "etc/containerd/config.toml"
+    config.write_text(  # the registry first: the lines after the imports edit are the diff's context
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry]\n'
+        f'  configs = {{ "r.example" = {{ auth = {{ username = "puller", password = "{secrets[0]}" }} }} }}\n'
+        f'  mirrors."m.example".auth.password = """\n{secrets[1]}\n{secrets[2]}"""\n'
+        '[plugins."io.containerd.grpc.v1.cri".registry.headers]\n'
+        f'  X-Registry-Token = ["{secrets[3]}"]\n'
+        '[plugins."io.containerd.grpc.v1.cri".cni]\n  bin_dir = "/usr/lib/cni"\n'
+    )
+    config.chmod(0o600)
+    before = tree(root)
+
+    plan = deploy(root, "--dry", *NONE)
+    assert plan.returncode == 0, output(plan)
+    assert f"{OUR_DROPIN} (planned, mode 600)" in output(plan), output(plan)
+    for secret in secrets:
+        assert secret not in plan.stdout and secret not in plan.stderr
+    assert (
+        '  configs = { "r.example" = { auth = { username = "<redacted>", password = "<redacted>" } } }' in plan.stderr
+    )
+    assert '  mirrors."m.example".auth.password = "<redacted>"' in plan.stderr
+    assert '+X-Registry-Token = "<redacted>"' in plan.stderr  # our file
+    assert '+bin_dir = "/usr/lib/cni"' in plan.stderr
+    assert tree(root) == before
+
+
 def test_control_character_in_the_binary_is_named(root: Path) -> None:
     before = tree(root)
     done = pyinfra(root, "-y", "pyinfra_gpunode.operations.containerd.nvidia_runtime", "binary=/usr/bin/nvidia\nx")

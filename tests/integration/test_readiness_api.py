@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.deploy import add_deploy
@@ -89,3 +91,36 @@ def test_python_users_get_every_nodes_chain_and_not_ready_nodes_fail(tmp_path: P
     }  # fmt: skip
     commands = state.inventory.get_host("@fake/gpu1").connector.executed_commands  # type: ignore[attr-defined]
     assert len(commands) == 1, commands  # the whole chain in one remote command, nothing else
+
+
+def test_a_hostile_cdi_spec_breaks_only_its_nodes_cdi_link(tmp_path: Path) -> None:
+    """An alias bomb on one node and 100000 nested lists on another: each node's ``cdi`` link is broken
+    naming the file and the limit, and the healthy node is reported ready as usual."""
+    bomb = "a: &a [lol,lol,lol,lol,lol,lol,lol,lol,lol]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)
+    )
+    report = tmp_path / "readiness.json"
+    hosts = [fake_host("gpu1", completed(), report)]
+    for name, text in (("gpu2", bomb), ("gpu3", "[" * 100_000)):
+        found = parts(completed())
+        found["cdi"] = ["@@gpunode-cdi-spec 1764544583 /etc/cdi/nvidia.yaml", *text.splitlines(), ""]
+        hosts.append(fake_host(name, joined(found), report))
+    state = State(inventory=Inventory((hosts, {})), config=Config())
+    connect_all(state)
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: pytest.fail("still reading after 60 s"))
+    signal.alarm(60)
+    try:
+        add_deploy(state, node_readiness_reported)
+        run_ops(state)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        disconnect_all(state)
+
+    assert sorted(host.name for host in state.failed_hosts) == ["@fake/gpu2", "@fake/gpu3"]
+    nodes = {node["node"]: node for node in json.loads(report.read_text())["nodes"]}
+    assert nodes["@fake/gpu1"]["ready"]
+    for name, limit in (("@fake/gpu2", "YAML nodes (aliases expanded)"), ("@fake/gpu3", "nested deeper than 64")):
+        assert nodes[name]["first_broken"] == "cdi"
+        assert nodes[name]["cause"].startswith("/etc/cdi/nvidia.yaml is refused unparsed: "), nodes[name]
+        assert limit in nodes[name]["cause"]

@@ -159,7 +159,7 @@ def test_unsupported_containerd_is_refused() -> None:
     assert plan(MAIN, {}, old, Options()).errors == ["containerd 1.5.9 is not supported (supported: 1.6, 1.7 and 2.x)"]
 
 
-def test_credentials_are_redacted_line_by_line() -> None:
+def test_credentials_are_redacted_with_layout_and_comments_kept() -> None:
     text = (
         'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry.configs."r.example:5000".auth]\n'
         '  username = "u"\n  password = "p"\n'
@@ -169,7 +169,10 @@ def test_credentials_are_redacted_line_by_line() -> None:
     lines = redacted(text).splitlines()
     assert lines[2:4] == ['  username = "<redacted>"', '  password = "<redacted>"']
     assert lines[5] == '  config_path = "/etc/containerd/certs.d"'
-    assert lines[6:] == ['  configs."r".auth = "<redacted>"', '  x.identitytoken = "<redacted>"']
+    assert lines[6:] == [
+        '  configs."r".auth = { username = "<redacted>", password = "<redacted>" }',
+        '  x.identitytoken = "<redacted>"  # note',
+    ]
     assert shown("registry.configs.r.auth.password", "p") == "'<redacted>'"
     assert shown("registry.config_path", "/c") == "'/c'"
 

@@ -1,0 +1,116 @@
+"""CDI specs are parsed within limits: a hostile spec is that file's error, never a hang or a crash."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from pyinfra_gpunode import shell
+from pyinfra_gpunode.facts.cdi import _READ_SPECS, LIMITS, MARKER, TOO_LARGE, CdiSpecs, YamlLimits, parse_spec
+
+FIXTURES = Path(__file__).resolve().parents[1] / "facts" / "cdi.CdiSpecs"
+PATH = "/etc/cdi/nvidia.yaml"
+# "Billion laughs": 436 bytes whose aliases stand for 10^9 strings.
+ALIAS_BOMB = "a: &a [lol,lol,lol,lol,lol,lol,lol,lol,lol]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)
+)
+
+
+@contextmanager
+def seconds(limit: int) -> Iterator[None]:
+    """Fail the test (instead of hanging the suite) when the block runs longer than ``limit`` seconds."""
+
+    def expired(signum: int, frame: object) -> None:
+        raise AssertionError(f"still parsing after {limit} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(limit)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def error(text: str, limits: YamlLimits = LIMITS) -> str | None:
+    with seconds(30):
+        return parse_spec(PATH, None, text, limits)["error"]
+
+
+def test_alias_bomb_is_refused_naming_the_file_and_the_limit() -> None:
+    assert len(ALIAS_BOMB.encode()) < 500
+    found = error(ALIAS_BOMB)
+    assert found is not None and found.startswith(f"{PATH} is refused unparsed: ")
+    assert "more than 100 YAML aliases" in found or "more than 1000000 YAML nodes (aliases expanded)" in found
+
+
+def test_aliases_within_the_limit_expand_past_the_node_limit() -> None:
+    """Few aliases, but each level multiplies: the node count (aliases expanded) refuses it."""
+    found = error(ALIAS_BOMB, YamlLimits(max_aliases=1000, max_nodes=10_000))
+    assert found == f"{PATH} is refused unparsed: more than 10000 YAML nodes (aliases expanded) (line 5, column 8)"
+
+
+def test_deep_nesting_is_a_parse_error_not_a_recursion_error() -> None:
+    found = error("[" * 100_000)
+    assert found == f"{PATH} is refused unparsed: collections nested deeper than 64 levels (line 1, column 65)"
+    assert error("devices:\n" + "  " * 70 + "- x\n") is not None  # block style too
+    mapping = "".join("  " * depth + f"k{depth}:\n" for depth in range(100))
+    assert "nested deeper than 64 levels" in str(error(mapping))
+
+
+def test_alias_to_its_own_collection_is_refused() -> None:
+    found = error("devices: &d\n- name: all\n  self: *d\n")
+    assert found == f"{PATH} is refused unparsed: alias *d refers to a collection that contains it (line 3, column 9)"
+
+
+def test_oversize_and_slow_specs_are_refused() -> None:
+    spec = "devices:\n- name: all\n" + "# padding\n" * 100
+    assert error(spec, YamlLimits(max_bytes=1000)) == (
+        f"{PATH} is refused unparsed: {len(spec)} bytes, more than the limit of 1000 bytes"
+    )
+    assert "parsing takes longer than 0 s" in str(error(spec, YamlLimits(max_seconds=0)))
+
+
+def test_real_specs_and_a_few_aliases_still_parse() -> None:
+    for fixture in sorted(FIXTURES.glob("*.json")):
+        recorded = json.loads(fixture.read_text())
+        assert CdiSpecs().process(recorded["output"]) == recorded["fact"], fixture.name
+    shared = "env: &env [NVIDIA_VISIBLE_DEVICES=void]\ndevices:\n- name: '0'\n  env: *env\n- name: all\n  env: *env\n"
+    spec = parse_spec(PATH, None, shared)
+    assert spec["error"] is None and spec["devices"] == ["0", "all"]
+
+
+def read_specs(*dirs: Path, limit: int = LIMITS.max_bytes) -> list[str]:
+    """What the fact's node-side program prints for ``dirs`` (run here by a real ``sh``)."""
+    command = shell.command(_READ_SPECS, "gpunode-cdi-specs", MARKER, TOO_LARGE, str(limit), *map(str, dirs))
+    done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.splitlines()
+
+
+def test_a_spec_over_the_limit_is_not_read_from_the_node(tmp_path: Path) -> None:
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    (spec_dir / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: all\n")
+    with (spec_dir / "huge.yaml").open("wb") as huge:
+        huge.truncate(LIMITS.max_bytes + 1)  # sparse: its bytes are never printed
+    output = read_specs(spec_dir, tmp_path / "absent")
+    assert len(output) == 8, output  # two marker lines, the size, four lines of text and the echo
+    assert output[1] == f"{TOO_LARGE} {LIMITS.max_bytes + 1}"
+    specs = {spec["path"]: spec for spec in CdiSpecs().process(output)}
+    assert specs[f"{spec_dir}/huge.yaml"]["error"] == (
+        f"{spec_dir}/huge.yaml is refused unread: 4194305 bytes, more than the limit of 4194304 bytes"
+    )
+    assert specs[f"{spec_dir}/nvidia.yaml"]["error"] is None
+    assert specs[f"{spec_dir}/nvidia.yaml"]["devices"] == ["all"]
+
+
+@pytest.mark.parametrize("first_line", [f"{TOO_LARGE} 12 x", f"{TOO_LARGE} "])
+def test_a_spec_cannot_pass_itself_off_as_too_large_with_anything_but_a_size(first_line: str) -> None:
+    specs = CdiSpecs().process([f"{MARKER} 1 {PATH}", first_line])
+    assert specs[0]["error"] is not None and "refused unread" not in specs[0]["error"]
