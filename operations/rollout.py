@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import time
 import weakref
 from collections.abc import Generator, Mapping
 from datetime import UTC, datetime
@@ -18,6 +15,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.facts.server import Hostname
 
+from pyinfra_gpunode.hook_process import hook_failure, run_hook
 from pyinfra_gpunode.hooks import hook_argv, hook_environment, node_name_problem, placeholders
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import _lock, containerd
@@ -363,33 +361,12 @@ def _cause(state: State, node: Host, error: NestedOperationError) -> str:
 def _hook(
     node: Host, which: Literal["before", "after"], settings: NodeSettings, hostname: str, changes: list[str]
 ) -> str | None:
-    """Run the node's ``which`` hook on the controller (no shell); ``None`` when it exited 0, else why not."""
+    """Run the node's ``which`` hook on the controller (no shell); ``None`` when it exited 0, else why not.
+
+    Its output is logged line by line as it comes; what it started is ended with it (``hook_process``).
+    """
     argv = hook_argv(settings[which], node.name, hostname)
     env = hook_environment(os.environ, which, node.name, hostname, changes)
-    timeout = settings["hook_timeout"]
     logger.info("%s%s-hook: %s", node.print_prefix, which, _shown(argv))
-    started = time.monotonic()
-    try:
-        process = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, errors="replace", start_new_session=True,
-        )  # fmt: skip
-    except OSError as exc:
-        return f"{argv[0]} could not start: {exc}"
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the hook and whatever it started
-        output, _ = process.communicate()
-        _log_output(node, which, output)
-        return f"{argv[0]} timed out after {timeout:g} s (gpunode_hook_timeout) and was killed"
-    _log_output(node, which, output)
-    if process.returncode != 0:
-        last = output.strip().splitlines()[-1] if output.strip() else "no output"
-        return f"{argv[0]} exited {process.returncode} after {time.monotonic() - started:.1f} s: {last}"
-    return None
-
-
-def _log_output(node: Host, which: str, output: str) -> None:
-    for line in output.rstrip().splitlines():
-        logger.info("%s%s-hook | %s", node.print_prefix, which, line)
+    run = run_hook(argv, env, settings["hook_timeout"], f"{node.print_prefix}{which}-hook")
+    return hook_failure(argv[0], settings["hook_timeout"], run)
