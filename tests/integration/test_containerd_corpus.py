@@ -1,0 +1,259 @@
+"""Real containerd configs (tests/corpus/containerd) through deploys/containerd_runtime.py.
+
+Each corpus file is put as a Debian root's /etc/containerd/config.toml (with its drop-ins: a file
+``<name>+<drop-in>.toml`` goes to ``/etc/containerd/conf.d/<drop-in>.toml``), the deploy is run
+through the pyinfra CLI on every root at once (``@chroot``, ``gpunode_containerd_restart=none``),
+twice, and the node's own ``containerd config dump`` judges the result: trixie's containerd 1.7.24,
+sid's 2.1.9. Files the project gets wrong are marked ``xfail(strict=True)`` naming the wrong
+behaviour, so that the fix turns them red until the mark is removed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, FILLED_IN, flatten
+from pyinfra_gpunode.containerd_dump import summarize
+from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "tests/corpus/containerd"
+PYINFRA = Path(sys.executable).with_name("pyinfra")
+BINARY = "/usr/bin/nvidia-container-runtime"
+RELEASES = {"1.7.24": "trixie", "2.1.9": "sid"}
+OURS = ("containerd.runtimes.nvidia.", "enable_cdi", "cdi_spec_dirs")
+EXPLICIT = "containerd.runtimes.nvidia.options.BinaryName"  # the deploy's input, whatever a file says
+pytestmark = pytest.mark.containerd
+
+CGROUP_OF_RUNC = "nvidia gets runc's SystemdCgroup (false) while the default runtime uses SystemdCgroup = true"
+CDI_FLIPPED = "enable_cdi = false in the user's file is flipped to true"
+V2_WITH_V3_NAMES = "version = 2 with v3 plugin names is refused: 'runtime nvidia is missing'"
+MIRRORS_AND_CONFIG_PATH = "registry mirrors together with config_path are written and accepted, not refused"
+ENGINE_COPIED = (
+    "runc's runtime_engine/runtime_root (unknown to 2.x) are copied into nvidia and the gate refuses "
+    "the new 'Ignoring unknown key' warning"
+)
+TOP_LEVEL_WARNING = (
+    "refused: the candidate draws a new file-level 'Ignoring unknown key in TOML' warning "
+    "for containerd 1.7's full default config on 2.x, which the node's own config does not draw"
+)
+TLS_WARNING = (
+    "refused: the candidate draws a new 'Ignoring unknown key' warning for the drop-in's "
+    "registry.configs.<host>.tls, which the node's own config does not draw"
+)
+CRI_DISABLED = "disabled_plugins naming cri is refused as a missing 'version', not as CRI being disabled"
+
+
+@dataclass(frozen=True)
+class Case:
+    """A corpus file, a containerd version it is meant for, and the outcome the project must reach."""
+
+    name: str
+    version: str
+    wrong: str | None = None  # the behaviour the project gets wrong today (xfail)
+    refusal: str | None = None  # the refusal the project must give (text in its error); None: must pass
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+BOTH = ("1.7.24", "2.1.9")
+CASES = [Case("debian-packaged", v) for v in BOTH] + [
+    Case("kubeadm-default-1.7", "1.7.24", wrong=CDI_FLIPPED),
+    Case("kubeadm-default-1.7", "2.1.9", wrong=TOP_LEVEL_WARNING),
+    Case("kubeadm-default-2.1", "2.1.9"),
+    Case("kubespray-v2", "1.7.24"),
+    Case("kubespray-v2", "2.1.9", wrong=ENGINE_COPIED),
+    Case("kubespray-v3", "2.1.9"),
+    *(Case("nvidia-ctk-inplace", v) for v in BOTH),
+    *(Case("nvidia-ctk-inplace-default", v) for v in BOTH),
+    *(Case("nvidia-ctk-dropin", v) for v in BOTH),
+    *(Case("gpu-operator-toolkit", v) for v in BOTH),
+    Case("gpu-operator-toolkit-v3", "2.1.9"),
+    *(Case("aks-gpu-v2", v, wrong=CGROUP_OF_RUNC) for v in BOTH),
+    Case("aks-gpu-containerd2", "2.1.9", wrong=V2_WITH_V3_NAMES),
+    *(Case("gke-cos-mirrors", v) for v in BOTH),
+    *(Case("gke-mirrors-and-config-path", v, wrong=MIRRORS_AND_CONFIG_PATH, refusal="config_path") for v in BOTH),
+    Case("eks-al2023-gpu-v2", "1.7.24", wrong=CDI_FLIPPED),
+    Case("eks-al2023-gpu-v2", "2.1.9", wrong=CDI_FLIPPED),
+    Case("eks-al2023-gpu-v3", "2.1.9"),
+    *(Case("docker-containerd-io", v, wrong=CRI_DISABLED, refusal="disabled_plugins") for v in BOTH),
+    Case("registry-auth", "1.7.24"),
+    Case("registry-auth", "2.1.9", wrong=TLS_WARNING),
+]
+
+
+def corpus_files(name: str) -> dict[str, Path]:
+    """Node path -> corpus file: ``<name>.toml`` is config.toml, ``<name>+<x>.toml`` is conf.d/<x>.toml."""
+    files = {"/etc/containerd/config.toml": CORPUS / f"{name}.toml"}
+    for dropin in sorted(CORPUS.glob(f"{name}+*.toml")):
+        files[f"/etc/containerd/conf.d/{dropin.name.split('+', 1)[1]}"] = dropin
+    return files
+
+
+@dataclass
+class Node:
+    case: Case
+    root: Path
+    before: dict[str, Any]
+    tree_before: dict[str, tuple[bytes, int]]
+    first: list[str] | None = None  # this node's lines of the first run
+    after: dict[str, Any] | None = None
+    tree_after: dict[str, tuple[bytes, int]] | None = None
+    second: list[str] | None = None
+    tree_again: dict[str, tuple[bytes, int]] | None = None
+
+
+def dump(root: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        ["chroot", str(root), "containerd", "config", "dump"], capture_output=True, text=True, check=True
+    )
+    return tomllib.loads(done.stdout)
+
+
+def tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under the node's /etc/containerd: content and mode, owner and group."""
+    base = root / "etc/containerd"
+    return {
+        str(path.relative_to(base)): (path.read_bytes(), path.stat().st_mode, path.stat().st_uid, path.stat().st_gid)
+        for path in sorted(base.rglob("*"))
+        if path.is_file()
+    }
+
+
+def node_lines(output: str, root: Path) -> list[str]:
+    tag = f"[@chroot/{root}]"
+    return [line.strip() for line in output.splitlines() if tag in line]
+
+
+def deploy(nodes: list[Node]) -> str:
+    done = subprocess.run(
+        [
+            str(PYINFRA),
+            ",".join(f"@chroot/{node.root}" for node in nodes),
+            "deploys/containerd_runtime.py",
+            "-y",
+            "--data",
+            "gpunode_containerd_restart=none",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def corpus_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Node]]:
+    """The selected cases, each on its own copy of a Debian root, deployed twice in two pyinfra runs."""
+    wanted = [
+        item.callspec.params["case"]
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec") and "case" in item.callspec.params
+    ]
+    roots = {version: ensure_root(RootRecipe(release)) for version, release in RELEASES.items()}
+    with ExitStack() as mounts:
+        nodes: dict[str, Node] = {}
+        for case in wanted:
+            root = mounts.enter_context(writable_copy(roots[case.version], tmp_path_factory.mktemp(case.name)))
+            # No daemon runs in a root: ctr would wait 10 s for its socket on every run.
+            (root / "usr/bin/ctr").unlink()
+            for path, source in corpus_files(case.name).items():
+                target = root / path.lstrip("/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(source.read_bytes())
+            nodes[case.id] = Node(case, root, dump(root), tree(root))
+        if nodes:
+            first = deploy(list(nodes.values()))
+            for node in nodes.values():
+                node.first, node.after, node.tree_after = node_lines(first, node.root), dump(node.root), tree(node.root)
+            second = deploy(list(nodes.values()))
+            for node in nodes.values():
+                node.second, node.tree_again = node_lines(second, node.root), tree(node.root)
+        yield nodes
+
+
+def cri_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """Every CRI leaf of a config, dotted within its plugin table (v2 and v3 names alike)."""
+    plugins = data.get("plugins", {})
+    out: dict[str, Any] = {}
+    for name in (CRI_V2, CRI_V3_RUNTIME, CRI_V3_IMAGES):
+        out.update(flatten(plugins.get(name, {})))
+    return out
+
+
+def user_set(case: Case) -> set[str]:
+    keys: set[str] = set()
+    for source in corpus_files(case.name).values():
+        keys |= set(cri_keys(tomllib.loads(source.read_text())))
+    return keys
+
+
+def changed_keys(before: dict[str, Any], after: dict[str, Any], users: set[str]) -> list[str]:
+    """CRI keys whose value the run changed or removed, less the ones the project owns (unless a
+    user's file sets them), empty values containerd fills in and zero values left unset."""
+    was, now = cri_keys(before), cri_keys(after)
+    changed = []
+    for key, value in was.items():
+        if key == EXPLICIT or (key.startswith(OURS) and key not in users):
+            continue
+        if now.get(key) == value or (value == "" and key.rsplit(".", 1)[-1] in FILLED_IN):
+            continue
+        if key not in now and value in ("", False, 0, [], {}):  # a Go zero value: the same as unset
+            continue
+        changed.append(f"{key}: {value!r} -> {now.get(key, '<missing>')!r}")
+    return changed
+
+
+def registry_conflict(data: dict[str, Any]) -> bool:
+    """Legacy mirrors and config_path together: containerd's CRI plugin refuses that at start."""
+    plugins = data.get("plugins", {})
+    for name in (CRI_V2, CRI_V3_IMAGES):
+        registry = plugins.get(name, {}).get("registry", {})
+        if registry.get("mirrors") and registry.get("config_path"):
+            return True
+    return False
+
+
+def params() -> list[Any]:
+    return [
+        pytest.param(case, id=case.id, marks=[pytest.mark.xfail(strict=True, reason=case.wrong)] if case.wrong else [])
+        for case in CASES
+    ]
+
+
+@pytest.mark.parametrize("case", params())
+def test_corpus_config(corpus_run: dict[str, Node], case: Case) -> None:
+    node = corpus_run[case.id]
+    assert node.first is not None and node.after is not None and node.second is not None
+    failed = [line for line in node.first if "Error" in line or "containerd config not changed" in line]
+    if case.refusal:
+        assert failed, "\n".join(node.first)
+        assert any(case.refusal in line for line in node.first), "\n".join(node.first)
+        assert node.tree_after == node.tree_before
+        return
+    assert not failed, "\n".join(node.first)
+    before, after = summarize(node.before), summarize(node.after)
+    assert after["runtimes"].get("nvidia", {}).get("BinaryName") == BINARY, after["runtimes"]
+    assert set(before["runtimes"]) <= set(after["runtimes"]), after["runtimes"]
+    assert (after["default_runtime_name"] or "runc") == (before["default_runtime_name"] or "runc")
+    default = after["runtimes"][after["default_runtime_name"] or "runc"]
+    if "containerd.runtimes.nvidia.options.SystemdCgroup" not in user_set(case):
+        assert bool(after["runtimes"]["nvidia"]["SystemdCgroup"]) == bool(default["SystemdCgroup"]), after["runtimes"]
+    assert changed_keys(node.before, node.after, user_set(case)) == []
+    assert not registry_conflict(node.after)
+
+    # A second run changes nothing.
+    assert not any("Success" in line or "Error" in line for line in node.second), "\n".join(node.second)
+    assert node.tree_again == node.tree_after
