@@ -467,7 +467,7 @@ class ContainerdCriLoaded(FactBase[CriLoaded]):
                 "Start cri plugin with config|starting cri plugin'); fi",
                 'if [ -n "$j" ]; then printf \'%s\\n\' "$j"; fi',
                 marker("ctr"),  # asked only without a start line; the plugin's message only when not ok
-                'if [ -z "$j" ] && command -v ctr >/dev/null 2>&1; then '
+                f'if [ -z "$j" ] && [ -S {shlex.quote(address)} ] && command -v ctr >/dev/null 2>&1; then '
                 f"s=$({ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) '); "
                 """if [ -n "$s" ]; then printf '%s\\n' "$s"; fi; """
                 """if [ -n "$s" ] && printf '%s\\n' "$s" | grep -qv ' ok *$'; then """
