@@ -288,10 +288,7 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
             writes = bool(found.writes) and not found.problem  # a refused config: nothing to back up
             if hooked and settings["steps"]:
                 settings["steps"]()
-                did.extend(settings["driver"])
-                if any(change.startswith("driver: reboot") for change in settings["driver"]):
-                    _lock.lost(state, node.name)  # the lock's holder ended with the boot
-                    node_locked(name="node: locked again after the reboot")
+                did.extend(settings["driver"])  # a reboot among them takes the lock again itself
                 writes = bool(containerd.registration(**settings["runtime"]).writes)
             backup = _backup_path() if writes else None
             if backup:
