@@ -87,6 +87,7 @@ class NvidiaHostStateInfo(TypedDict):
     fabric_manager: FabricManagerInfo
     packages: dict[str, PackageStatus]
     module_built: bool
+    built_module_version: str | None
 
 
 class ToolkitInfo(TypedDict):
@@ -119,8 +120,9 @@ DRIVER_SCRIPT = "; ".join(
         'first=$(echo "$nvml" | head -n 1)',
         'if [ -n "$first" ] && command -v dpkg-query >/dev/null 2>&1; then '
         'dpkg-query -S "$first" "${first#/usr}" 2>/dev/null | head -n 1; fi',
+        # Only with the module loaded: nvidia-smi (through nvidia-modprobe) would load it otherwise.
         marker("smi"),
-        "if command -v nvidia-smi >/dev/null 2>&1; then "
+        "if [ -d /sys/module/nvidia ] && command -v nvidia-smi >/dev/null 2>&1; then "
         "nvidia-smi --query-gpu=driver_version --format=csv,noheader >/dev/null 2>&1; echo rc=$?; fi",
     ]
 )
@@ -217,7 +219,8 @@ class NvidiaDriver(FactBase[DriverInfo]):
     Returns the NVIDIA driver state without NVML: the loaded kernel module's version
     (``/sys/module/nvidia/version``, else ``/proc/driver/nvidia/version``, either layout), its
     flavour, the userspace version (the ``libnvidia-ml.so.1`` the loader resolves), whether
-    the two differ, whether ``nvidia-smi`` works, and that library's resolved path and the
+    the two differ, whether ``nvidia-smi`` works (asked only while the module is loaded, since it
+    may load it), and that library's resolved path and the
     package owning it (None for a driver installed outside the package manager).
 
     .. code:: python
@@ -308,6 +311,7 @@ class NodeKind(FactBase[NodeKindInfo]):
 
 NVML_SNIPPET = """
 import json
+import os
 try:
     import pynvml
 except Exception:
@@ -315,6 +319,10 @@ except Exception:
 def text(value):
     return value.decode() if isinstance(value, bytes) else value
 out = {"driver_version": None, "nvml_version": None, "cuda_driver_version": None, "devices": [], "error": None}
+if not os.path.isdir("/sys/module/nvidia"):  # nvmlInit would load the module (nvidia-modprobe)
+    out["error"] = "DriverNotLoaded"
+    print(json.dumps(out))
+    raise SystemExit(0)
 try:
     pynvml.nvmlInit()
 except pynvml.NVMLError as exc:
@@ -350,8 +358,10 @@ class NvmlInfo(FactBase[NvmlInfoDict | None]):
     """
     Returns what NVML reports through pynvml (``nvidia-ml-py``) when ``python3`` on the node
     can import it: driver, NVML and CUDA driver versions and the devices, or the NVML error
-    name (e.g. ``LibRmVersionMismatch``, ``DriverNotLoaded``). None without pynvml, and on a
-    node without an NVIDIA PCI device (not asked).
+    name (e.g. ``LibRmVersionMismatch``, ``DriverNotLoaded``). NVML is asked only while the
+    nvidia module is loaded (``/sys/module/nvidia``), since initialising it may load the module:
+    otherwise the error is ``DriverNotLoaded``. None without pynvml, and on a node without an
+    NVIDIA PCI device (not asked).
 
     .. code:: python
 
@@ -369,7 +379,7 @@ class NvmlInfo(FactBase[NvmlInfoDict | None]):
     def command(self) -> str:
         return (
             "if grep -qsx 0x10de /sys/bus/pci/devices/*/vendor && command -v python3 >/dev/null 2>&1; then "
-            f"python3 -c {shlex.quote(NVML_SNIPPET)}; fi"
+            f"python3 -B -c {shlex.quote(NVML_SNIPPET)}; fi"
         )
 
     @staticmethod
@@ -422,8 +432,10 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
     Returns everything the driver and Fabric Manager operations decide on, in one read:
     distribution (``os-release`` ID and VERSION_ID), architecture, running kernel, Secure
     Boot, the PCI devices (as ``NvidiaGpus``), the driver (as ``NvidiaDriver``), Fabric
-    Manager (as ``NvidiaFabricManager``), the installed driver-related packages, and whether
-    an NVIDIA module file exists for the running kernel (``module_built``).
+    Manager (as ``NvidiaFabricManager``), the installed driver-related packages, whether
+    an NVIDIA module file exists for the running kernel (``module_built``), and the version of
+    the ``nvidia`` module ``modinfo`` finds for the running kernel (``built_module_version``;
+    Debian's renamed ``nvidia-current`` too), None without one.
 
     .. code:: python
 
@@ -438,6 +450,7 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
                                "active": None, "enabled": None},
             "packages": {"nvidia-driver": {"version": "550.163.01-2", "held": True}},
             "module_built": True,
+            "built_module_version": "550.163.01",
         }
     """
 
@@ -461,6 +474,9 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
                 dpkg_query(*DRIVER_PACKAGE_PATTERNS),
                 marker("kmod"),
                 "find /lib/modules/\"$(uname -r)\" -name 'nvidia*.ko*' 2>/dev/null | head -n 1",
+                marker("kmod_version"),
+                'modinfo -k "$(uname -r)" -F version nvidia 2>/dev/null '
+                '|| modinfo -k "$(uname -r)" -F version nvidia-current 2>/dev/null || true',
             ]
         )
 
@@ -483,13 +499,21 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
             "fabric_manager": parse_fabric_manager(sections),
             "packages": dict(sorted(parse_dpkg_status(sections.get("packages", [])).items())),
             "module_built": any(line.strip() for line in sections.get("kmod", [])),
+            "built_module_version": next(
+                (line.strip() for line in sections.get("kmod_version", []) if line.strip()), None
+            ),
         }
+
+
+# apt options that keep apt-cache from writing its binary caches (pkgcache.bin, srcpkgcache.bin).
+APT_READ_ONLY = "-o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache="
 
 
 class NvidiaAptVersions(FactBase[dict[str, list[str]]]):
     """
     Returns the versions the package index offers for each package, newest first
-    (``apt-cache madison``); packages the index does not know are absent.
+    (``apt-cache madison``); packages the index does not know are absent. apt's binary caches
+    are built in memory only, so reading writes nothing under ``/var/cache/apt``.
 
     .. code:: python
 
@@ -499,7 +523,7 @@ class NvidiaAptVersions(FactBase[dict[str, list[str]]]):
     @override
     def command(self, packages: list[str]) -> str:
         names = " ".join(shlex.quote(name) for name in packages)
-        return f"apt-cache madison {names} 2>/dev/null || true"
+        return f"apt-cache {APT_READ_ONLY} madison {names} 2>/dev/null || true"
 
     @staticmethod
     def default() -> dict[str, list[str]]:

@@ -68,7 +68,7 @@ class HostInfo:
     release: str  # os-release VERSION_ID
     kernel: str  # the kernel the module must load on
     arch: str = "amd64"
-    secure_boot: bool = False
+    secure_boot: bool | None = False  # None: the node could not tell
 
 
 @dataclass
@@ -254,6 +254,12 @@ def _secure_boot_gate(host: HostInfo, request: DriverRequest, reason: str) -> st
     """Error when the DKMS path may not be taken, else ``""``."""
     if not request.allow_dkms:
         return f"{reason}, and DKMS is not allowed (allow_dkms is false)"
+    if host.secure_boot is None and not request.mok_enrolled:
+        return (
+            f"{reason}; the Secure Boot state is unknown (neither the SecureBoot EFI variable nor "
+            "`mokutil --sb-state` could be read), so DKMS is refused: were Secure Boot on, a DKMS-built module "
+            "would be rejected unless its signing key is enrolled (declare it with mok_enrolled)"
+        )
     if host.secure_boot and not request.mok_enrolled:
         return (
             f"{reason}; Secure Boot is on, so a DKMS-built module would be rejected unless its "

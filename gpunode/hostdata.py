@@ -14,6 +14,7 @@ from typing import Any
 
 PREFIX = "gpunode_"
 MAX_RESTART_TIMEOUT = 3600
+REBOOT_TIMEOUTS = (60, 7200)  # seconds a rebooted node may take to answer again, least and most
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -234,6 +235,17 @@ KEYS: dict[str, Key] = {
             False,
             "reboot a node whose installed driver differs from the loaded module, then check it again",
             _bool,
+        ),
+        Key(
+            "gpunode_reboot_timeout",
+            f"int, {REBOOT_TIMEOUTS[0]} to {REBOOT_TIMEOUTS[1]}",
+            600,
+            "seconds a node rebooted for its driver may take to answer again with a new boot id",
+            lambda value: (
+                isinstance(value, int)
+                and not isinstance(value, bool)
+                and REBOOT_TIMEOUTS[0] <= value <= REBOOT_TIMEOUTS[1]
+            ),
         ),
         Key(
             "gpunode_kernel_hold",

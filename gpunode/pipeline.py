@@ -211,6 +211,7 @@ def _driver_arguments(values: dict[str, Any]) -> dict[str, Any]:
         "allow_dkms": values["gpunode_allow_dkms"],
         "mok_enrolled": values["gpunode_mok_enrolled"],
         "reboot": values["gpunode_reboot"],
+        "reboot_timeout": values["gpunode_reboot_timeout"],
         "replace_preinstalled": values["gpunode_driver_replace_preinstalled"],
     }
 

@@ -40,9 +40,12 @@ from pyinfra_gpunode.facts.nvidia import (
     NvidiaHostStateInfo,
     ToolkitInfo,
 )
+from pyinfra_gpunode.hostdata import REBOOT_TIMEOUTS
 from pyinfra_gpunode.log import logger
+from pyinfra_gpunode.operations import _lock
 from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._atomic import write_file
+from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import node_fact
 from pyinfra_gpunode.toolkit_plan import (
@@ -54,6 +57,11 @@ from pyinfra_gpunode.toolkit_plan import (
 )
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+MODULE_WAIT = 60  # seconds a rebooted node's udev may take to load the nvidia module
+# Waits (at most MODULE_WAIT s) for the module; exits 0 either way: the check after it names what is loaded.
+MODULE_LOADED_WAIT = (
+    f"i=0; while [ ! -e /sys/module/nvidia/version ] && [ $i -lt {MODULE_WAIT} ]; do sleep 1; i=$((i + 1)); done"
+)
 TOOLKIT_FINGERPRINT = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
 TOOLKIT_KEY_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
 TOOLKIT_REPO_LINE = (
@@ -86,7 +94,7 @@ def _host_info(facts: NvidiaHostStateInfo) -> HostInfo:
         release=facts["release"] or "",
         kernel=facts["kernel"] or "",
         arch=facts["arch"] or "amd64",
-        secure_boot=bool(facts["secure_boot"]),
+        secure_boot=facts["secure_boot"],
     )
 
 
@@ -101,6 +109,7 @@ def driver(
     mok_enrolled: bool = False,
     reboot: bool = False,
     replace_preinstalled: bool = False,
+    reboot_timeout: int = 600,
 ) -> Generator[Any, Any, None]:
     """
     Install the NVIDIA driver pinned to an exact version and hold it, or accept the node's own.
@@ -117,21 +126,24 @@ def driver(
     + allow_dkms: allow building the module with DKMS (Debian always does; Ubuntu only when
       Canonical ships no signed precompiled modules for the kernel)
     + mok_enrolled: the DKMS signing key is enrolled in the node's MOK list, so a DKMS build
-      may be used while Secure Boot is on
+      may be used while Secure Boot is on, or while the node cannot tell whether it is on
     + reboot: reboot when the installed driver differs from the loaded module (a preinstalled
       driver: when its userspace library differs from the loaded module), wait until the node
-      answers with a new boot id, and check that the driver is loaded and matches
+      answers with a new boot id, take the node lock again (when this run held it), wait up to
+      60 s for the nvidia module to load, and check that the driver is loaded and matches
     + replace_preinstalled: with packages, install them even though the loaded driver's
       ``libnvidia-ml`` belongs to no package (a runfile or image driver); otherwise such a
       node fails naming the library
+    + reboot_timeout: seconds the rebooted node may take to answer again (60 to 7200)
 
     Ubuntu: ``nvidia-headless-no-dkms-<flavour>`` and ``nvidia-utils-<flavour>`` with
     Canonical's signed ``linux-modules-nvidia-<flavour>-<kernel>`` when they exist for the
     running kernel, else ``nvidia-dkms-<flavour>``. Retired branches whose packages are
     transitional are refused. Debian 12/13: ``nvidia-driver`` with ``nvidia-kernel-dkms`` or
     ``nvidia-open-kernel-dkms`` (``nvidia-tesla-535-*`` for branch 535 on Debian 13) and the
-    running kernel's headers, which DKMS needs to build at all; when it built no module for the
-    running kernel the host fails (apt itself reports success in that case). A node
+    running kernel's headers, which DKMS needs to build at all; when ``modinfo`` finds no nvidia
+    module of the driver's version for the running kernel the host fails (apt itself reports
+    success when DKMS built nothing; a module left from another version does not count). A node
     without an NVIDIA GPU is skipped.
 
     **Example:**
@@ -143,6 +155,11 @@ def driver(
     """
     if source not in DRIVER_SOURCES:
         raise OperationValueError(f"source must be one of {', '.join(DRIVER_SOURCES)}, got {source!r}")
+    least, most = REBOOT_TIMEOUTS
+    if isinstance(reboot_timeout, bool) or not isinstance(reboot_timeout, int) or not least <= reboot_timeout <= most:
+        raise OperationValueError(
+            f"reboot_timeout must be whole seconds from {least} to {most}, got {reboot_timeout!r}"
+        )
     try:
         request = check_request(DriverRequest(branch, version, flavor, allow_dkms, mok_enrolled))
     except DriverRequestError as exc:
@@ -157,7 +174,7 @@ def driver(
         yield _fail(error)
         return
     if plan is None:
-        yield from _preinstalled(description, facts["driver"], reboot)
+        yield from _preinstalled(description, facts["driver"], reboot, reboot_timeout)
         return
     info = _host_info(facts)
     installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
@@ -167,19 +184,24 @@ def driver(
     if to_install:
         yield _install(to_install)
     loaded = facts["driver"]["kernel_module_version"]
-    built = same_driver(loaded, plan.version) or (_module_built_now() if to_install else facts["module_built"])
-    if plan.method == "dkms" and not built:
-        yield _fail(
-            f"NVIDIA driver {plan.version} is installed but DKMS built no nvidia module for kernel {info.kernel} "
-            "(see `dkms status` and /var/lib/dkms/*/*/build/make.log on the node)"
-        )
-        return
+    if plan.method == "dkms" and not same_driver(loaded, plan.version):
+        built = facts["built_module_version"]
+        if to_install:  # read again after the install; a dry run installed nothing
+            built = _built_version_now() if state.is_executing else plan.version
+        if not same_driver(built, plan.version):
+            found = f"version {built}" if built else "none"
+            yield _fail(
+                f"NVIDIA driver {plan.version} is installed but DKMS built no nvidia {plan.version} module for "
+                f"kernel {info.kernel} (`modinfo -k {info.kernel} nvidia` finds {found}; see `dkms status` and "
+                "/var/lib/dkms/*/*/build/make.log on the node)"
+            )
+            return
     if to_install or to_hold:
         yield _hold(plan.hold)
 
     needs_reboot = not same_driver(loaded, plan.version)
     if needs_reboot and reboot:
-        yield from _rebooted()
+        yield from _rebooted(reboot_timeout)
         yield from _check_loaded(plan.version)
         return
     if not to_install and not to_hold:
@@ -201,6 +223,7 @@ def driver_changes(
     mok_enrolled: bool = False,
     reboot: bool = False,
     replace_preinstalled: bool = False,
+    reboot_timeout: int = 600,
 ) -> list[str]:
     """The disruptive changes ``driver`` would make on this host with the same arguments (reads
     facts, changes nothing): ``driver: install …`` and ``driver: reboot …``; ``[]`` where it would
@@ -257,14 +280,14 @@ def _to_install(plan: DriverPlan, installed: dict[str, str]) -> dict[str, str]:
     return {n: v for n, v in plan.packages.items() if n not in installed or (v and installed[n] != v)}
 
 
-def _preinstalled(description: str, loaded: DriverInfo, reboot: bool) -> Generator[Any, Any, None]:
+def _preinstalled(description: str, loaded: DriverInfo, reboot: bool, timeout: int) -> Generator[Any, Any, None]:
     """Accept the node's own driver: nothing to run (the plan says so), or with ``reboot`` the
     reboot a userspace newer than the loaded module waits for, and the check after it."""
     if loaded["mismatch"] and reboot:
         if not state.is_executing:
             logger.info("%splan: %s; reboot into its userspace %s", host.print_prefix, description,
                         loaded["userspace_version"])  # fmt: skip
-        yield from _rebooted()
+        yield from _rebooted(timeout)
         yield from _check_loaded(loaded["userspace_version"])
         return
     if loaded["mismatch"]:
@@ -276,13 +299,15 @@ def _preinstalled(description: str, loaded: DriverInfo, reboot: bool) -> Generat
     host.noop(description)
 
 
-def _module_built_now() -> bool:
-    """After an install: does a module file exist for the running kernel (read again)?"""
-    return not state.is_executing or bool(host.get_fact(NvidiaHostState)["module_built"])
+def _built_version_now() -> str | None:
+    """After an install: the version of the nvidia module for the running kernel (read again)."""
+    return host.get_fact(NvidiaHostState)["built_module_version"]
 
 
-def _rebooted(timeout: float = 600) -> Generator[Any, Any, None]:
-    """Reboot the node and wait until it answers again with a new boot id, reconnecting."""
+def _rebooted(timeout: int) -> Generator[Any, Any, None]:
+    """Reboot the node, wait up to ``timeout`` s until it answers again with a new boot id (reconnecting),
+    take the node lock again if this run held it (its holder ended with the boot: every later command
+    runs locked), then wait up to ``MODULE_WAIT`` s for udev to load the nvidia module."""
     boot: list[str] = []
 
     def remember(state: Any, host: Any) -> bool:
@@ -308,6 +333,11 @@ def _rebooted(timeout: float = 600) -> Generator[Any, Any, None]:
     yield FunctionCommand(remember, (), {})
     yield StringCommand("sh", "-c", QuoteString("(sleep 1 && systemctl reboot) </dev/null >/dev/null 2>&1 &"))
     yield FunctionCommand(back, (), {})
+    run = current_state()
+    if _lock.holds(run, host.name):
+        _lock.lost(run, host.name)
+        yield from _lock.take()
+    yield StringCommand("sh", "-c", QuoteString(MODULE_LOADED_WAIT))
 
 
 def _check_loaded(version: str | None) -> Generator[Any, Any, None]:

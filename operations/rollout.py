@@ -318,10 +318,7 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
         try:
             if hooked and settings["steps"]:
                 settings["steps"]()
-                did.extend(settings["driver"])
-                if any(change.startswith("driver: reboot") for change in settings["driver"]):
-                    _lock.lost(state, node.name)  # the lock's holder ended with the boot
-                    node_locked(name="node: locked again after the reboot")
+                did.extend(settings["driver"])  # a reboot among them takes the lock again itself
                 found = containerd.registration(**settings["runtime"])  # the steps changed the node
             backup = _backup_path() if found.writes and not found.problem else None  # a refused config: no backup
             if backup:

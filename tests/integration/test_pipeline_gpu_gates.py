@@ -72,6 +72,8 @@ HOST_STATE = [
     "hi \tlinux-headers-6.12.117+deb13-amd64\t6.12.117-1",
     "@@kmod",
     "/lib/modules/6.12.117+deb13-amd64/updates/dkms/nvidia-current.ko.xz",
+    "@@kmod_version",
+    "550.163.01",
 ]
 LOADED = fixture_output("nvidia.NvidiaDriver", "debian_renamed_modules")  # 550.163.01 loaded
 NOT_LOADED = fixture_output("nvidia.NvidiaDriver", "userspace_only_not_loaded")  # installed, reboot pending

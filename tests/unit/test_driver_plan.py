@@ -158,6 +158,25 @@ def test_ubuntu_secure_boot_without_signed_modules() -> None:
     assert plan.packages[f"linux-headers-{K}"] == ""
 
 
+def test_secure_boot_unknown_refuses_dkms_unless_the_key_is_declared_enrolled() -> None:
+    unknown = HostInfo("debian", "13", "6.12.117+deb13-amd64", "amd64", secure_boot=None)
+    available = {
+        "nvidia-driver": ["550.163.01-2"],
+        "firmware-nvidia-gsp": ["550.163.01-2"],
+        "nvidia-kernel-dkms": ["550.163.01-2"],
+    }
+    error = plan_driver(unknown, req(branch="550", allow_dkms=True), {}, available).error
+    assert "Secure Boot state is unknown" in error and "mokutil --sb-state" in error and "mok_enrolled" in error
+    assert "allow_dkms" in plan_driver(unknown, req(branch="550", mok_enrolled=True), {}, available).error
+    plan = plan_driver(unknown, req(branch="550", allow_dkms=True, mok_enrolled=True), {}, available)
+    assert plan.error == "" and plan.method == "dkms"
+    # Installed and held already: a converged node under unknown Secure Boot is not taken as converged either.
+    installed = {name: versions[0] for name, versions in available.items()} | {f"linux-headers-{unknown.kernel}": "1"}
+    assert plan_driver(unknown, req(branch="550", allow_dkms=True), installed, None).error == "query"
+    converged = plan_driver(unknown, req(branch="550", allow_dkms=True, mok_enrolled=True), installed, None)
+    assert converged.method == "dkms"
+
+
 def test_ubuntu_branch_only_takes_newest_then_keeps_installed() -> None:
     assert plan_driver(UBUNTU, req(branch="580"), {}, LRM).version == "580.126.20"
     installed = {

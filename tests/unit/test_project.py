@@ -103,6 +103,15 @@ def test_restart_timeout_is_bounded() -> None:
             validate({"gpunode_restart_timeout": bad})
 
 
+def test_reboot_timeout_is_bounded() -> None:
+    assert validate({})["gpunode_reboot_timeout"] == 600
+    assert validate({"gpunode_reboot_timeout": 7200})["gpunode_reboot_timeout"] == 7200
+    assert validate({"gpunode_reboot_timeout": 60})["gpunode_reboot_timeout"] == 60
+    for bad in (59, 7201, 0, True, 600.5, "600", None):
+        with pytest.raises(HostDataError, match=f"'gpunode_reboot_timeout' must be int, 60 to 7200, got {bad!r}"):
+            validate({"gpunode_reboot_timeout": bad})
+
+
 def test_numbers_from_the_command_line_where_unambiguous() -> None:
     """``--data k=580`` parses to an int: its digits are the text; a float has lost its text."""
     values = validate({"gpunode_driver_branch": 580, "gpunode_driver_version": 580, "gpunode_toolkit_version": 1})
