@@ -11,14 +11,21 @@ user's drop-in glob, so no user drop-in can load after it:
   each carried key came from (``# carried-from`` lines): a key whose file was removed, is no
   longer imported or no longer sets it is dropped at the next run as the user's intent.
 - containerd 2.x deep-merges: our file holds only the keys we own (the nvidia runtime,
-  ``enable_cdi``, ``cdi_spec_dirs``, and the default runtime when asked), with the same
-  ``version`` and plugin names as config.toml.
+  ``enable_cdi``/``cdi_spec_dirs`` where no file sets them or host data asks, and the default
+  runtime when asked), with config.toml's ``version``. A version 2 tree on 2.x is migrated by
+  containerd key by key, a version-3 plugin name winning over the version-2 one: each key goes
+  under the name whose table containerd takes it from.
+
+The nvidia runtime is a copy of the default runtime's entry (as ``nvidia-ctk runtime configure``
+builds it) with our ``BinaryName``; a value a file sets for a key we write is kept unless host
+data asks for another by name, and the plan says which.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import posixpath
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -45,14 +52,22 @@ _EARLIER = re.compile(r"^#   kept CRI keys of (/.*?): (\S.*)$")
 PROVENANCE_HEAD = "# The file each carried CRI key came from (read back by the next run; keep each line intact):"
 
 
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # containerd's own default
+# The highest config version each containerd reads (version 4 came with containerd 2.3).
+V4_SINCE = (2, 3)
+
+
 @dataclass(frozen=True)
 class Options:
+    """What host data asks for; ``None`` keeps what the config files set."""
+
     binary: str = "/usr/bin/nvidia-container-runtime"
     systemd_cgroup: bool | None = None
     default_runtime: bool = False
-    cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
+    cdi_spec_dirs: tuple[str, ...] | None = None  # None: the files' value, else CDI_SPEC_DIRS
     dropin_dir: str = "/etc/containerd/conf.d"
     dropin_path: str = OUR_DROPIN
+    enable_cdi: bool | None = None  # None: the files' value, else on
 
 
 @dataclass
@@ -182,17 +197,26 @@ def _sorted(data: dict[str, Any]) -> dict[str, Any]:
     return ordered
 
 
-def _schema_errors(files: list[ConfigFile], containerd_major: int) -> list[str]:
+def max_schema(version: ContainerdVersionInfo) -> int:
+    """The highest config ``version`` this containerd reads: 2 on 1.x, 3 on 2.0 to 2.2, 4 from 2.3."""
+    if version["major"] < 2:
+        return 2
+    return 4 if (version["major"], version["minor"]) >= V4_SINCE else 3
+
+
+def _schema_errors(files: list[ConfigFile], version: ContainerdVersionInfo) -> list[str]:
     errors = []
+    highest = max_schema(version)
     for config in files:
         if config["error"]:
             errors.append(f"{config['path']}: invalid TOML: {config['error']}")
         elif config["version"] == 1:
             errors.append(f"{config['path']}: key 'version' = 1 is not supported; use version = 2")
-        elif config["version"] is not None and config["version"] > (3 if containerd_major >= 2 else 2):
+        elif config["version"] is not None and config["version"] > highest:
+            needs = " (version 4 needs containerd 2.3 or later)" if config["version"] == 4 else ""
             errors.append(
                 f"{config['path']}: key 'version' = {config['version']} is not supported "
-                f"by containerd {containerd_major}.x here"
+                f"by containerd {version['major']}.{version['minor']} here{needs}"
             )
     return errors
 
@@ -206,40 +230,146 @@ def _cri_table(config: ConfigFile, plugin: str) -> dict[str, Any]:
     return table if isinstance(table, dict) else {}
 
 
-def _nvidia_runtime(
-    runtimes: dict[str, Any], runc_default: dict[str, Any], options: Options, user_set: dict[str, tuple[str, Any]]
+def _table(data: Any, *keys: str) -> dict[str, Any]:
+    """``data[k1][k2]…`` where each is a table, else an empty table (files are not trusted)."""
+    for key in keys:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
+def _merged(files: list[ConfigFile], plugin: str) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for config in files:
+        merged = deep_merge(merged, _cri_table(config, plugin))
+    return merged
+
+
+def _has_unit(table: dict[str, Any], unit: str) -> bool:
+    """Whether ``table`` has ``unit``: a top-level key, or ``containerd.<key>``, the parts containerd
+    2.x migrates from a version-2 table one by one (each only where the version-3 table lacks it)."""
+    head, _, rest = unit.partition(".")
+    return head in table and (not rest or rest in _table(table, head))
+
+
+def effective_runtime_table(files: list[ConfigFile], version: ContainerdVersionInfo, schema: int) -> dict[str, Any]:
+    """The CRI runtime plugin's table as containerd reads the files (runtimes, default, CDI keys).
+
+    1.x reads version-2 names; 2.x with a version 3 or 4 tree reads version-3 names (it drops
+    version-2 ones); 2.x with a version 2 tree takes each key from the version-3 table where
+    that has it, else migrates the version-2 key (``plugins/cri/runtime`` ConfigMigration).
+    """
+    if version["major"] < 2:
+        return _merged(files, CRI_V2)
+    v3 = _merged(files, CRI_V3_RUNTIME)
+    if schema >= 3:
+        return v3
+    out = copy.deepcopy(v3)
+    for key, value in _merged(files, CRI_V2).items():
+        if key == "containerd" and isinstance(value, dict):
+            containerd = out.setdefault("containerd", {})
+            if isinstance(containerd, dict):
+                for sub, sub_value in value.items():
+                    containerd.setdefault(sub, copy.deepcopy(sub_value))
+        else:
+            out.setdefault(key, copy.deepcopy(value))
+    return out
+
+
+def _toml(value: Any) -> str:
+    return tomlkit.item(value).as_string()
+
+
+def _default_base(
+    runtimes: dict[str, Any], default: str, builtin: dict[str, Any], user_set: dict[str, tuple[str, Any]]
 ) -> tuple[dict[str, Any], str]:
-    """The nvidia runtime: runc's settings under the user's own, BinaryName ours, SystemdCgroup
-    as asked, else as a user's file sets it for nvidia, else following runc."""
-    runc = runtimes.get("runc", runc_default)
-    runc_options = runc.get("options", {})
-    base = deep_merge({"runtime_type": RUNC_V2}, runc)
-    runtime = deep_merge(base, runtimes.get(RUNTIME, {}))
-    runtime.setdefault("options", {})
-    setter = user_set.get(f"containerd.runtimes.{RUNTIME}.options.SystemdCgroup")
+    """The runtime entry nvidia is copied from and why: the default runtime's (a file's entry, or
+    containerd's own runc), or runc's where the default runtime does not run a runc shim."""
+    entry = _table(runtimes, default) or (builtin if default == "runc" else {})
+    setter = user_set.get("containerd.default_runtime_name")
+    named = f"the default runtime, as {setter[0]} sets it" if setter else "the default runtime"
+    if entry.get("runtime_type", RUNC_V2) in ("", RUNC_V2):
+        return entry, f"copied from runtime {default} ({named})"
+    runc = _table(runtimes, "runc") or builtin
+    return runc, (
+        f"copied from runtime runc: the default runtime {default} uses the shim "
+        f"{entry.get('runtime_type')!r}, which does not run {RUNTIME}'s binary"
+    )
+
+
+def _nvidia_runtime(
+    runtimes: dict[str, Any],
+    default: str,
+    builtin: dict[str, Any],
+    options: Options,
+    user_set: dict[str, tuple[str, Any]],
+) -> tuple[dict[str, Any], list[str]]:
+    """The nvidia runtime: the default runtime's entry (``runtime_type``, every option,
+    ``base_runtime_spec``, sandbox settings, ``privileged_without_host_devices``…) under what a
+    file sets for nvidia itself; ``BinaryName`` ours, ``SystemdCgroup`` as asked, else as a file
+    sets it for nvidia, else as the default runtime has it. ``user_set``: every key the files set."""
+    base_entry, copied = _default_base(runtimes, default, builtin, user_set)
+    base = deep_merge({"runtime_type": RUNC_V2}, base_entry)
+    base["options"] = _table(base, "options")
+    runtime = deep_merge(base, _table(runtimes, RUNTIME))
+    runtime["options"] = _table(runtime, "options")
+    prefix = f"containerd.runtimes.{RUNTIME}.options."
+    binary_setter = user_set.get(prefix + "BinaryName")
+    cgroup_setter = user_set.get(prefix + "SystemdCgroup")
     if options.systemd_cgroup is not None:
         cgroup, why = options.systemd_cgroup, "set by gpunode_nvidia_systemd_cgroup"
-    elif setter is not None:
-        cgroup, why = setter[1], f"as {setter[0]} sets it"
+        if cgroup_setter is not None and cgroup_setter[1] != cgroup:
+            why += f"; {cgroup_setter[0]} sets {_toml(cgroup_setter[1])}"
+    elif cgroup_setter is not None:
+        cgroup, why = cgroup_setter[1], f"as {cgroup_setter[0]} sets it"
     else:
-        cgroup, why = runc_options.get("SystemdCgroup", False), "follows runc"
+        cgroup, why = base["options"].get("SystemdCgroup", False), "as the runtime it was copied from has it"
+    binary_why = ""
+    if binary_setter is not None and binary_setter[1] != options.binary:
+        binary_why = f" (gpunode_nvidia_runtime_binary; {binary_setter[0]} sets {_toml(binary_setter[1])})"
     runtime["options"]["BinaryName"] = options.binary
     runtime["options"]["SystemdCgroup"] = cgroup
-    return runtime, f"runtime {RUNTIME}: BinaryName = {options.binary}, SystemdCgroup = {str(cgroup).lower()} ({why})"
+    lines = [
+        f"runtime {RUNTIME}: {copied}; BinaryName = {options.binary}{binary_why}, "
+        f"SystemdCgroup = {str(cgroup).lower()} ({why})"
+    ]
+    for name, entry in sorted(runtimes.items()):
+        binary = _table(entry, "options").get("BinaryName")
+        if name != RUNTIME and isinstance(binary, str) and _is_toolkit_binary(binary, options.binary):
+            lines.append(
+                f"runtime {name} already runs {binary}: kept as it is; {RUNTIME} is added as the name "
+                "the RuntimeClass handler uses"
+            )
+    return runtime, lines
 
 
-def _user_values(files: list[ConfigFile]) -> dict[str, tuple[str, Any]]:
-    """Every CRI key the files set (dotted, within its plugin table), with the last file setting it."""
+def _is_toolkit_binary(binary: str, ours: str) -> bool:
+    return binary == ours or posixpath.basename(binary) == posixpath.basename(ours)
+
+
+def _user_values(files: list[ConfigFile], version: ContainerdVersionInfo, schema: int) -> dict[str, tuple[str, Any]]:
+    """Every CRI key the files set (dotted, within its plugin table), with the file containerd takes it from.
+
+    1.x reads version-2 names only; on 2.x a version-3 name wins over a version-2 one (see
+    ``effective_runtime_table``), and a version 3 or 4 tree ignores version-2 names.
+    """
+    if version["major"] < 2:
+        names: tuple[str, ...] = (CRI_V2,)
+    else:
+        names = (CRI_V3_RUNTIME, CRI_V3_IMAGES) if schema >= 3 else (CRI_V2, CRI_V3_RUNTIME, CRI_V3_IMAGES)
     values: dict[str, tuple[str, Any]] = {}
-    for config in files:
-        for name in (CRI_V2, CRI_V3_RUNTIME, CRI_V3_IMAGES):
+    for name in names:
+        for config in files:
             values.update((key, (config["path"], value)) for key, value in flatten(_cri_table(config, name)).items())
     return values
 
 
 def _explicit(options: Options) -> set[str]:
     """Keys our inputs set on purpose, whatever the files say (the gate does not hold them to the files)."""
-    keys = {"enable_cdi", "cdi_spec_dirs", f"containerd.runtimes.{RUNTIME}.options.BinaryName"}
+    keys = {f"containerd.runtimes.{RUNTIME}.options.BinaryName"}
+    if options.enable_cdi is not None:
+        keys.add("enable_cdi")
+    if options.cdi_spec_dirs is not None:
+        keys.add("cdi_spec_dirs")
     if options.default_runtime:
         keys.add("containerd.default_runtime_name")
     if options.systemd_cgroup is not None:
@@ -247,9 +377,40 @@ def _explicit(options: Options) -> set[str]:
     return keys
 
 
+def cdi_keys(options: Options, user_set: dict[str, tuple[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """``enable_cdi`` and ``cdi_spec_dirs`` to write, and what they mean: a key a file sets is
+    kept (not written) unless host data names another value; a key no file sets gets ours."""
+    asked = {
+        "enable_cdi": (options.enable_cdi, True, "gpunode_enable_cdi"),
+        "cdi_spec_dirs": (
+            None if options.cdi_spec_dirs is None else list(options.cdi_spec_dirs),
+            list(CDI_SPEC_DIRS),
+            "gpunode_cdi_spec_dirs",
+        ),
+    }
+    out: dict[str, Any] = {}
+    lines = []
+    for key, (wanted, default, host_key) in asked.items():
+        setter = user_set.get(key)
+        if wanted is None and setter is not None:
+            meaning = ""
+            if key == "enable_cdi":
+                meaning = "CDI stays on: " if setter[1] is True else "CDI stays off: "
+            lines.append(f"{meaning}{setter[0]} sets {key} = {_toml(setter[1])}; kept")
+            continue
+        out[key] = default if wanted is None else wanted
+        if wanted is None:
+            lines.append(f"{key} = {_toml(out[key])} (no file sets it)")
+        elif setter is not None and setter[1] != wanted:
+            lines.append(f"{key} = {_toml(wanted)} ({host_key}); {setter[0]} sets {_toml(setter[1])}")
+        else:
+            lines.append(f"{key} = {_toml(wanted)} ({host_key})")
+    return out, lines
+
+
 def _input_errors(options: Options) -> list[str]:
     named = [("binary", options.binary), ("dropin_dir", options.dropin_dir)]
-    named += [("cdi_spec_dirs entry", spec_dir) for spec_dir in options.cdi_spec_dirs]
+    named += [("cdi_spec_dirs entry", spec_dir) for spec_dir in options.cdi_spec_dirs or ()]
     # Shown as <U+000A>: a backslash escape would turn back into the character in a shell's echo.
     return [
         f"{name} '{_CONTROL.sub(lambda char: f'<U+{ord(char.group()):04X}>', value)}' contains a newline "
@@ -320,7 +481,8 @@ def plan(
     ``texts`` holds every config file on the node (path → content). The drop-in is computed
     from the tree as it will be once config.toml imports the drop-in directory, without our
     own file, so it never depends on its previous content. ``runc_default`` is runc as the
-    node's containerd defines it when no file does (from its ``config dump``).
+    node's containerd defines it when no file does (from its ``config dump``). The drop-in
+    carries config.toml's ``version`` (never the dump's: 2.x dumps print their own).
     """
     result = Plan(config_path=main_path, dropin_path=options.dropin_path)
     if (version["major"] == 1 and version["minor"] < 6) or version["major"] not in (1, 2):
@@ -331,7 +493,7 @@ def plan(
         return result
     main = resolve_tree(main_path, texts)["main"]
     if main is not None:
-        result.errors += _schema_errors([main], version["major"])
+        result.errors += _schema_errors([main], version)
         if main["version"] is None and not main["error"] and parsed(main):
             result.errors.append(
                 f"{main_path}: key 'version' is missing, so containerd reads it as version 1; set version = 2"
@@ -339,6 +501,7 @@ def plan(
     if result.errors:
         return result
 
+    # A new config.toml gets a version every 2.x reads (version 4 only from 2.3).
     default_schema = 3 if version["major"] >= 2 else 2
     result.schema = main["version"] if main is not None and main["version"] else default_schema
     result.config_text = edit_imports(main["text"] if main else None, result.schema, options)
@@ -346,10 +509,16 @@ def plan(
     tree = resolve_tree(main_path, {**texts, main_path: result.config_text, options.dropin_path: ""})
     result.errors += tree["problems"]
     others = [config for config in load_order(tree) if config["path"] != options.dropin_path]
-    result.errors += _schema_errors(others, version["major"])
+    result.errors += _schema_errors(others, version)
+    if max_schema(version) >= 4:  # containerd 2.3+ refuses a drop-in newer than config.toml
+        result.errors += [
+            f"{config['path']}: key 'version' = {config['version']} is higher than {main_path}'s "
+            f"version = {result.schema}; containerd {version['major']}.{version['minor']} refuses to start"
+            for config in others
+            if config["version"] and config["version"] > result.schema
+        ]
     if result.errors:
         return result
-    plugin = _runtime_plugin(result.schema)
     for config in others:
         if config["version"] and config["version"] != result.schema:
             result.warnings.append(
@@ -357,16 +526,22 @@ def plan(
                 f"version = {result.schema}; containerd may drop its settings"
             )
     runc = without_zero_values(runc_default or {}) or {"runtime_type": RUNC_V2}
-    user_set = _user_values(others)
+    user_set = _user_values(others, version, result.schema)
     explicit = _explicit(options)
     result.user_set = {key: value for key, value in user_set.items() if key not in explicit}
     if version["major"] == 1:
         fill = {key: value for key, value in FILLED_IN.items() if key in (runc_default or {"runtime_type": ""})}
-        _plan_full_cri(result, others, version, options, runc, fill)
+        _plan_full_cri(result, others, version, options, runc, fill, user_set, runc_default is not None)
         _drop_removed(result, texts, others, texts.get(options.dropin_path))
     else:
-        _plan_owned_keys(result, others, plugin, options, runc)
+        _plan_owned_keys(result, others, version, options, runc, user_set)
     return result
+
+
+def _default_line(user_set: dict[str, tuple[str, Any]]) -> str:
+    setter = user_set.get("containerd.default_runtime_name")
+    other = f"; {setter[0]} sets {_toml(setter[1])}" if setter and setter[1] != RUNTIME else ""
+    return f"default runtime: {RUNTIME} (gpunode_nvidia_default_runtime){other}"
 
 
 def _plan_full_cri(
@@ -376,6 +551,8 @@ def _plan_full_cri(
     options: Options,
     runc: dict[str, Any],
     fill: dict[str, str],
+    user_set: dict[str, tuple[str, Any]],
+    runc_loaded: bool,
 ) -> None:
     cri: dict[str, Any] = {}
     carried: dict[str, str] = {}
@@ -387,10 +564,15 @@ def _plan_full_cri(
             result.sources.append(config["path"])
     containerd = cri.setdefault("containerd", {})
     runtimes = containerd.setdefault("runtimes", {})
-    if "runc" not in runtimes:
+    default = containerd.get("default_runtime_name") or "runc"
+    # The files' runtimes table replaces containerd's own (runc): runc is added only where the
+    # merged config has it now (``runc_loaded``: the dump shows it; no file defines a runtime)
+    # or the default runtime is runc.
+    if "runc" not in runtimes and (default == "runc" or not runtimes or runc_loaded):
+        why = "the CRI plugin needs its default runtime" if default == "runc" else "the merged config has it now"
         runtimes["runc"] = runc
-        result.account.append("added runtime runc as containerd defines it (the CRI plugin needs its default runtime)")
-    else:
+        result.account.append(f"added runtime runc as containerd defines it ({why})")
+    elif "runc" in runtimes:
         missing = {key: value for key, value in fill.items() if not runtimes["runc"].get(key)}
         if missing:
             runtimes["runc"] = {**missing, **runtimes["runc"]}
@@ -399,11 +581,11 @@ def _plan_full_cri(
                 + ", ".join(f"{key} = {value}" for key, value in missing.items())
                 + " as containerd fills them in (no file sets them)"
             )
-    runtimes[RUNTIME], line = _nvidia_runtime(runtimes, runc, options, result.user_set)
-    result.account.append(line)
+    runtimes[RUNTIME], lines = _nvidia_runtime(runtimes, default, runc, options, user_set)
+    result.account += lines
     if options.default_runtime:
         containerd["default_runtime_name"] = RUNTIME
-        result.account.append("default runtime: nvidia (gpunode_nvidia_default_runtime)")
+        result.account.append(_default_line(user_set))
     default = containerd.get("default_runtime_name", "runc")
     if default not in runtimes:
         setter = next(
@@ -417,9 +599,9 @@ def _plan_full_cri(
         result.errors.append(f"{setter}: key 'default_runtime_name' = {default!r} names no runtime defined in any file")
         return
     if version["minor"] >= 7:
-        cri["enable_cdi"] = True
-        cri["cdi_spec_dirs"] = list(options.cdi_spec_dirs)
-        result.account.append(f"enable_cdi = true, cdi_spec_dirs = {list(options.cdi_spec_dirs)}")
+        owned, lines = cdi_keys(options, user_set)
+        cri.update(owned)
+        result.account += lines
     else:
         result.account.append("containerd 1.6 has no CDI switch; enable_cdi not written")
     result.account.append(
@@ -450,33 +632,56 @@ def _drop_removed(result: Plan, texts: dict[str, str], others: list[ConfigFile],
 
 
 def _plan_owned_keys(
-    result: Plan, others: list[ConfigFile], plugin: str, options: Options, runc: dict[str, Any]
+    result: Plan,
+    others: list[ConfigFile],
+    version: ContainerdVersionInfo,
+    options: Options,
+    runc: dict[str, Any],
+    user_set: dict[str, tuple[str, Any]],
 ) -> None:
-    merged: dict[str, Any] = {}
     for config in others:
         for name in (CRI_V2, CRI_V3_RUNTIME, CRI_V3_IMAGES):
             result.intended.update(flatten(_cri_table(config, name)))
-        merged = deep_merge(merged, _cri_table(config, plugin))
-    runtimes = merged.get("containerd", {}).get("runtimes", {})
+    effective = effective_runtime_table(others, version, result.schema)
+    runtimes = _table(effective, "containerd", "runtimes")
+    default = _table(effective, "containerd").get("default_runtime_name") or "runc"
+    if default not in runtimes and default not in ("runc", RUNTIME):
+        setter = user_set.get("containerd.default_runtime_name", ("config",))[0]
+        result.errors.append(f"{setter}: key 'default_runtime_name' = {default!r} names no runtime defined in any file")
+        return
     result.sources = [
         config["path"]
         for config in others
-        if {"runc", RUNTIME} & set(_cri_table(config, plugin).get("containerd", {}).get("runtimes", {}))
+        if any(
+            {default, RUNTIME} & set(_table(_cri_table(config, name), "containerd", "runtimes"))
+            for name in (CRI_V2, CRI_V3_RUNTIME)
+        )
     ]
-    nvidia, line = _nvidia_runtime(runtimes, runc, options, result.user_set)
-    owned: dict[str, Any] = {
-        "enable_cdi": True,
-        "cdi_spec_dirs": list(options.cdi_spec_dirs),
-        "containerd": {"runtimes": {RUNTIME: nvidia}},
-    }
-    result.account.append(line)
-    result.account.append(f"enable_cdi = true, cdi_spec_dirs = {list(options.cdi_spec_dirs)}")
+    nvidia, lines = _nvidia_runtime(runtimes, default, runc, options, user_set)
+    result.account += lines
+    cdi, cdi_lines = cdi_keys(options, user_set)
+    result.account += cdi_lines
+    units: dict[str, Any] = {**cdi, "containerd.runtimes": {RUNTIME: nvidia}}
     if options.default_runtime:
-        owned["containerd"]["default_runtime_name"] = RUNTIME
-        result.account.append("default runtime: nvidia (gpunode_nvidia_default_runtime)")
-    result.account.append(
-        f"containerd 2.x deep-merges: only the keys above, version = {result.schema}, plugin {plugin}"
+        units["containerd.default_runtime_name"] = RUNTIME
+        result.account.append(_default_line(user_set))
+    v3 = _merged(others, CRI_V3_RUNTIME)
+    plugins: dict[str, Any] = {}
+    for unit, value in units.items():
+        # A version 2 tree on 2.x: a key of a version-3 table wins over the version-2 one.
+        name = CRI_V3_RUNTIME if result.schema >= 3 or _has_unit(v3, unit) else CRI_V2
+        head, _, sub = unit.partition(".")
+        target = plugins.setdefault(name, {})
+        if sub:
+            target.setdefault(head, {})[sub] = value
+        else:
+            target[head] = value
+        result.intended.update(flatten({head: {sub: value} if sub else value}))
+    where = " and ".join(
+        f"{name} ({', '.join(sorted(table))})" if len(plugins) > 1 else name for name, table in sorted(plugins.items())
     )
-    result.dropin_data = {"version": result.schema, "plugins": {plugin: owned}}
-    result.intended.update(flatten(owned))
+    result.account.append(
+        f"containerd 2.x deep-merges: only the keys above, version = {result.schema} as config.toml, plugin {where}"
+    )
+    result.dropin_data = {"version": result.schema, "plugins": plugins}
     result.dropin_text = _render(result.dropin_data, result.account)

@@ -147,7 +147,8 @@ KEYS: dict[str, Key] = {
             "gpunode_nvidia_systemd_cgroup",
             "bool or null",
             None,
-            "`SystemdCgroup` of the nvidia runtime; null follows runc's setting",
+            "`SystemdCgroup` of the nvidia runtime; null keeps what a config file sets for nvidia, else as the "
+            "default runtime it is copied from has it",
             lambda value: value is None or isinstance(value, bool),
         ),
         Key(
@@ -166,11 +167,20 @@ KEYS: dict[str, Key] = {
         ),
         Key(
             "gpunode_cdi_spec_dirs",
-            f"list of {PATH_KIND}s",
-            ["/etc/cdi", "/var/run/cdi"],
-            "CDI spec directories given to containerd (`cdi_spec_dirs`, containerd 1.7 and 2.x)",
-            _abs_path_list,
+            f"list of {PATH_KIND}s or null",
+            None,
+            "CDI spec directories given to containerd (`cdi_spec_dirs`, containerd 1.7 and 2.x); null keeps what "
+            'containerd\'s config files set, else `["/etc/cdi", "/var/run/cdi"]`',
+            lambda value: value is None or _abs_path_list(value),
             node_path=True,
+        ),
+        Key(
+            "gpunode_enable_cdi",
+            "bool or null",
+            None,
+            "`enable_cdi` of containerd's CRI plugin (containerd 1.7 and 2.x); null keeps what containerd's config "
+            "files set, else on",
+            lambda value: value is None or isinstance(value, bool),
         ),
         Key(
             "gpunode_driver_branch",

@@ -69,6 +69,7 @@ def _runtime(values: dict[str, Any]) -> dict[str, Any]:
         "cdi_spec_dirs": values["gpunode_cdi_spec_dirs"],
         "dropin_dir": values["gpunode_containerd_dropin_dir"],
         "binary_required": values["gpunode_runtime_binary_required"],
+        "enable_cdi": values["gpunode_enable_cdi"],
     }
 
 

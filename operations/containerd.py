@@ -96,12 +96,12 @@ def registration(
     cdi_spec_dirs: list[str] | None = None,
     dropin_dir: str = "/etc/containerd/conf.d",
     binary_required: bool = False,
+    enable_cdi: bool | None = None,
 ) -> Registration:
     """Read the node's containerd facts and judge the planned files (``nvidia_runtime``'s arguments)."""
     _check_absolute("binary", binary)
     _check_absolute("dropin_dir", dropin_dir)
-    dirs = ["/etc/cdi", "/var/run/cdi"] if cdi_spec_dirs is None else cdi_spec_dirs
-    for spec_dir in dirs:
+    for spec_dir in cdi_spec_dirs or []:
         _check_absolute("cdi_spec_dirs entry", spec_dir)
 
     node = node_fact(ContainerdNodeState, binary=binary)
@@ -121,8 +121,9 @@ def registration(
         binary=binary,
         systemd_cgroup=systemd_cgroup,
         default_runtime=default_runtime,
-        cdi_spec_dirs=tuple(dirs),
+        cdi_spec_dirs=None if cdi_spec_dirs is None else tuple(cdi_spec_dirs),
         dropin_dir=dropin_dir.rstrip("/"),
+        enable_cdi=enable_cdi,
     )
     before_dump = before["dump"] if before else {}
     result = plan(files["main_path"], files["texts"], version, options, runc_runtime(before_dump))
@@ -226,6 +227,7 @@ def nvidia_runtime(
     cdi_spec_dirs: list[str] | None = None,
     dropin_dir: str = "/etc/containerd/conf.d",
     binary_required: bool = False,
+    enable_cdi: bool | None = None,
 ) -> Generator[Any, Any, None]:
     """
     Register the nvidia runtime with containerd's CRI plugin through a drop-in that survives
@@ -233,14 +235,19 @@ def nvidia_runtime(
 
     + binary: ``BinaryName`` of the nvidia runtime (absolute path)
     + systemd_cgroup: ``SystemdCgroup`` of the nvidia runtime; ``None`` keeps what a file sets
-      for nvidia, else follows runc
+      for nvidia, else as the default runtime has it
     + default_runtime: make nvidia the default runtime (otherwise the default is unchanged);
       refused while ``binary`` is missing on the node
-    + cdi_spec_dirs: CDI spec directories (containerd 1.7 and 2.x), default
-      ``["/etc/cdi", "/var/run/cdi"]``
+    + cdi_spec_dirs: CDI spec directories (containerd 1.7 and 2.x); ``None`` keeps what a file
+      sets, else ``["/etc/cdi", "/var/run/cdi"]``
     + dropin_dir: the user's drop-in directory; config.toml's ``imports`` is made to cover
       ``<dropin_dir>/*.toml``
     + binary_required: fail (instead of warn) when ``binary`` is missing on the node
+    + enable_cdi: ``enable_cdi`` (containerd 1.7 and 2.x); ``None`` keeps what a file sets, else on
+
+    The nvidia runtime is a copy of the default runtime's entry (options, ``base_runtime_spec``,
+    sandbox settings…) with ``binary`` as its ``BinaryName``; a value a file sets for a key
+    written here is kept unless an argument names another, and the plan says which.
 
     config.toml is created if missing, and its ``imports`` is edited with comments kept so it
     covers the drop-in directory and ends with ``/etc/containerd/gpunode/nvidia-runtime.toml``,
@@ -273,7 +280,9 @@ def nvidia_runtime(
             binary="/usr/bin/nvidia-container-runtime",
         )
     """
-    found = registration(binary, systemd_cgroup, default_runtime, cdi_spec_dirs, dropin_dir, binary_required)
+    found = registration(
+        binary, systemd_cgroup, default_runtime, cdi_spec_dirs, dropin_dir, binary_required, enable_cdi
+    )
     if not found.installed and not state.is_executing:
         host.noop("containerd is not installed yet; the runtime is registered once it is")
         return

@@ -111,7 +111,10 @@ def scenario(name: str, version: str) -> tuple[dict[str, str], Expect]:
         cgroup = {"containerd.runtimes.runc.options.SystemdCgroup": True}
         return {CONFIG: runc_cgroup_only(schema)}, Expect(nvidia_systemd_cgroup=True, markers=cgroup)
     if name == "nvidia_default_image":
-        return {CONFIG: nvidia_default_image(schema)}, Expect(default="nvidia", nvidia_systemd_cgroup=True)
+        # No runc: the default runtime is nvidia and the image defines no runc (2.x keeps its own).
+        return {CONFIG: nvidia_default_image(schema)}, Expect(
+            runtimes={"nvidia"}, default="nvidia", nvidia_systemd_cgroup=True
+        )
     raise KeyError(name)
 
 
