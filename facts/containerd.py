@@ -187,11 +187,17 @@ def _dump_script(config: str) -> str:
     )
 
 
+_LOG_TIME = re.compile(r'^time="[^"]*" ')
+
+
 def _process_dump(output: list[str]) -> DumpInfo:
     marker = output.index("### gpunode-stderr") if "### gpunode-stderr" in output else len(output)
     stderr = [line for line in output[marker + 1 :] if not line.startswith("### gpunode-rc")]
     rc_line = next((line for line in output if line.startswith("### gpunode-rc")), "### gpunode-rc 0")
-    warnings = [line for line in stderr if "level=warning" in line or "Ignoring unknown key" in line]
+    # Without the time field containerd stamps each line with: the same warning read at two moments is one.
+    warnings = [
+        _LOG_TIME.sub("", line) for line in stderr if "level=warning" in line or "Ignoring unknown key" in line
+    ]
     rc = rc_line.split()[-1]
     if rc == "stage":
         error = "could not stage the candidate: " + "\n".join(stderr)
@@ -287,7 +293,8 @@ class ContainerdCandidateDump(FactBase[DumpInfo | None]):
             'mkdir -p "$S$(dirname "$f")" && cat "$f" > "$S$f" || exit 1; done && '
             f'{write(config_path, "c")} && {write(dropin_path, "d")}; }} 2>"$T/err"; then '
             f'containerd --config {config} config dump 2>"$T/err"; rc=$?; else rc=stage; fi; '
-            'echo "### gpunode-stderr"; cat "$T/err"; echo "### gpunode-rc $rc"'
+            # the stage's paths in containerd's messages as the node's own: its warnings compare with the node's
+            'echo "### gpunode-stderr"; sed "s#$S##g" "$T/err"; echo "### gpunode-rc $rc"'
         )
 
     @override

@@ -327,3 +327,16 @@ def test_restart_expects_the_previous_runtimes_less_the_dropped_ones() -> None:
     previous["runtimes"] = ["nvidia", "nvidia-cdi", "kata", "runc"]
     assert expected_after_restart(summary, previous)["runtimes"] == ["kata", "nvidia", "nvidia-cdi", "runc"]
     assert expected_after_restart(summary, previous, ["nvidia-cdi"])["runtimes"] == ["kata", "nvidia", "runc"]
+
+
+def test_a_dump_warning_read_at_two_moments_is_the_same_warning() -> None:
+    from pyinfra_gpunode.facts.containerd import _process_dump
+
+    def read(at: str) -> list[str]:
+        stderr = f'time="{at}" level=warning msg="Ignoring unknown key in TOML for plugin" key="registry configs r tls"'
+        return _process_dump(["version = 2", "### gpunode-stderr", stderr, "### gpunode-rc 0"])["warnings"]
+
+    assert read("2026-12-01T17:43:17Z") == read("2026-12-01T17:43:18Z")
+    assert read("2026-12-01T17:43:17Z") == [
+        'level=warning msg="Ignoring unknown key in TOML for plugin" key="registry configs r tls"'
+    ]
