@@ -265,10 +265,10 @@ def _unit_problem(found: containerd.Registration, settings: NodeSettings) -> str
 def _cri_refusal(found: containerd.Registration, settings: NodeSettings) -> str | None:
     """Why the node may not take its turn: its containerd config as it is now would not start the CRI
     plugin, and the turn would restart containerd into it (no file to write, or a driver change, whose
-    reboot comes before the write)."""
-    if not found.current_cri_problem or not _turn_needed(found, settings):
+    reboot comes before the write). A refused candidate config speaks for itself (``found.problem``)."""
+    if not found.current_cri_problem or found.problem or not _turn_needed(found, settings):
         return None
-    if found.writes and not found.problem and not settings["driver"]:
+    if found.writes and not settings["driver"]:
         return None  # the turn restarts into the written config, judged by the same rules
     return (
         "its containerd config would not start the CRI plugin, so containerd is not restarted into it: "

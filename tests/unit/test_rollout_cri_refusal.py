@@ -26,5 +26,7 @@ def test_nothing_to_do_or_a_write_the_rules_passed_is_not_refused() -> None:
     assert _cri_refusal(Registration(current_cri_problem=BAD), ROLLING) is None  # no turn: nothing restarts
     writes = Registration(writes={"/etc/containerd/config.toml": "x"}, current_cri_problem=BAD)
     assert _cri_refusal(writes, ROLLING) is None  # the turn restarts into the written, judged config
+    refused = Registration(problem="containerd config not changed: ...", current_cri_problem=BAD)
+    assert _cri_refusal(refused, DRIVER) is None  # the candidate's own refusal fails the node, before any step
     fine = Registration(restart_reason="its config is newer than the daemon")
     assert _cri_refusal(fine, ROLLING) is None
