@@ -23,7 +23,15 @@ from pyinfra_gpunode.containerd_dump import (
     runc_runtime,
     summarize,
 )
-from pyinfra_gpunode.containerd_files import CONFIG_ROOT, links_in_the_way, not_regular_files, strictest_mode
+from pyinfra_gpunode.containerd_files import (
+    CONFIG_ROOT,
+    links_in_the_way,
+    load_order,
+    not_regular_files,
+    resolve_tree,
+    strictest_mode,
+)
+from pyinfra_gpunode.cri_rules import cri_start_findings, stopping
 from pyinfra_gpunode.facts.containerd import (
     DEFAULT_ADDRESS,
     ContainerdCandidateDump,
@@ -65,6 +73,8 @@ class Registration:
     # Runtimes the written files no longer define because the file defining them was removed.
     dropped_runtimes: list[str] = field(default_factory=list)
     restart_reason: str | None = None  # why the running daemon must be restarted (``restart_reason``)
+    # Why the node's config as it is now would not start the CRI plugin (``cri_start_problem``).
+    current_cri_problem: str | None = None
 
     @property
     def restart_pending(self) -> bool:
@@ -126,6 +136,7 @@ def registration(
         enable_cdi=enable_cdi,
     )
     before_dump = before["dump"] if before else {}
+    current_cri_problem = cri_start_problem(before, files["main_path"], files["texts"])
     result = plan(files["main_path"], files["texts"], version, options, runc_runtime(before_dump))
     if result.errors:
         return Registration("containerd config not changed: " + "; ".join(result.errors))
@@ -164,7 +175,11 @@ def registration(
     }
     current = {path: files["texts"][path] for path in writes if path in files["texts"]}
     if not writes:
-        return Registration(service=node["service"], restart_reason=restart_reason(node["service"], node["dump"]))
+        return Registration(
+            service=node["service"],
+            restart_reason=restart_reason(node["service"], node["dump"]),
+            current_cri_problem=current_cri_problem,
+        )
     links = links_in_the_way(list(writes), files["links"])
     if links:
         return Registration(
@@ -185,11 +200,21 @@ def registration(
         current=current,
         modes={path: modes[path] for path in writes},
         owners={path: files["owners"].get(path, "root:root") for path in writes},
+        current_cri_problem=current_cri_problem,
     )
     if after is None or after["error"]:
         found.problem = (
             "containerd config not changed: containerd rejects the candidate config: "
             f"{after['error'] if after else 'no dump'}"
+        )
+        return found
+    candidate_tree = resolve_tree(
+        result.config_path, {**files["texts"], result.config_path: result.config_text, OUR_DROPIN: result.dropin_text}
+    )
+    refused = cri_start_findings(after["dump"], load_order(candidate_tree))
+    if refused:
+        found.problem = "containerd config not changed: by the CRI plugin's start rules, the candidate config: " + (
+            "; ".join(finding.message for finding in refused)
         )
         return found
     losses = candidate_losses(
@@ -299,6 +324,14 @@ def nvidia_runtime(
         logger.info("%scontainerd restart pending: %s", host.print_prefix, ", ".join(found.writes))
 
 
+def cri_start_problem(dump: DumpInfo | None, main_path: str, texts: dict[str, str]) -> str | None:
+    """Why the config tree ``texts`` (merged as ``dump``) would keep the CRI plugin from starting, by the
+    plugin's own start rules, or ``None`` (also where containerd is missing or the files do not load)."""
+    if not dump or dump["error"]:
+        return None
+    return stopping(cri_start_findings(dump["dump"], load_order(resolve_tree(main_path, texts))))
+
+
 def cri_address(dump: DumpInfo | None) -> str:
     """containerd's gRPC socket as the merged config sets it (``ctr`` asks the CRI plugin there)."""
     return str((dump["dump"] if dump else {}).get("grpc", {}).get("address") or DEFAULT_ADDRESS)
@@ -404,7 +437,10 @@ def _restore(backup: str, roots: list[str], written: list[str], failure: str) ->
 )
 @locked_before_changes
 def restarted_if_pending(
-    timeout: int = 60, backup: str | None = None, dropped_runtimes: list[str] | None = None
+    timeout: int = 60,
+    backup: str | None = None,
+    dropped_runtimes: list[str] | None = None,
+    backup_cri_problem: str | None = None,
 ) -> Generator[Any, Any, None]:
     """
     Restart containerd when a config file is newer than the running daemon or the unit is not
@@ -418,6 +454,13 @@ def restarted_if_pending(
       was removed and the write left them out (``Registration.dropped_runtimes``); without
       ``backup`` (the files changed before this run) every runtime no file defines any more
       is dropped, and the log names them
+    + backup_cri_problem: why the config ``backup`` holds would not start the CRI plugin
+      (``Registration.current_cri_problem`` read before the write); a failed restart then puts
+      nothing back, since restoring it would take the CRI down as well
+
+    A config that would not start the CRI plugin by its own start rules (``mirrors`` with
+    ``config_path``, a disabled CRI plugin, an undefined default runtime, ...) is never restarted
+    into: the host fails naming the keys and files, and the running daemon keeps running.
 
     Verification: the unit is active and the CRI plugin of the new daemon loaded every runtime
     of the merged config (nvidia included) and every runtime the previous daemon had, with the
@@ -448,6 +491,10 @@ def restarted_if_pending(
     if not service or reason is None:
         host.noop("containerd runs its current config")
         return
+    refused = cri_start_problem(dump, files["main_path"], files.get("texts") or {})
+    if refused:
+        yield fail(f"containerd not restarted: its config would not start the CRI plugin: {refused}")
+        return
     address = cri_address(dump)
     previous = node_fact(ContainerdCriLoaded, address=address)
     summary = summarize(dump["dump"] if dump else {})
@@ -472,6 +519,12 @@ def restarted_if_pending(
         yield fail(
             f"{failed}; nothing was restored: this run wrote no containerd config on this node "
             f"(the restart was due because {reason})"
+        )
+        return
+    if backup_cri_problem:
+        yield fail(
+            f"{failed}; nothing was restored: the config in the backup {backup} would not start the CRI "
+            f"plugin either: {backup_cri_problem}"
         )
         return
     if not host.get_fact(File, path=backup):

@@ -167,6 +167,7 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
     found = containerd.registration(**settings["runtime"])
     rolling = settings["restart"] == "rolling"
     unit = unit_problem(found.service) if rolling and found.installed and not found.problem else None
+    unit = unit or _cri_refusal(found, settings)
     changes = turn_changes(settings["driver"], found.writes, found.restart_reason if rolling else None)
     hostname, refused = _hook_hostname(host, settings) if _takes_turns(settings) and changes else ("", None)
     if found.problem or unit or refused:
@@ -237,7 +238,7 @@ def _conduct(state: State, order: list[str], nodes: Mapping[str, NodeSettings]) 
     for node in turns:
         found = checks[node.name].get()
         mine = settings[node.name]
-        unit = _unit_problem(found, mine)
+        unit = _unit_problem(found, mine) or _cri_refusal(found, mine)
         if halted_by:
             outcomes[node.name] = f"halted: not touched after the failure on {halted_by}"
         elif unit:
@@ -257,6 +258,20 @@ def _unit_problem(found: containerd.Registration, settings: NodeSettings) -> str
     """Why the node's containerd cannot be restarted and verified here (only where it restarts)."""
     rolling = settings["restart"] == "rolling"
     return unit_problem(found.service) if rolling and found.installed and not found.problem else None
+
+
+def _cri_refusal(found: containerd.Registration, settings: NodeSettings) -> str | None:
+    """Why the node may not take its turn: its containerd config as it is now would not start the CRI
+    plugin, and the turn would restart containerd into it (no file to write, or a driver change, whose
+    reboot comes before the write). A refused candidate config speaks for itself (``found.problem``)."""
+    if not found.current_cri_problem or found.problem or not _turn_needed(found, settings):
+        return None
+    if found.writes and not settings["driver"]:
+        return None  # the turn restarts into the written config, judged by the same rules
+    return (
+        "its containerd config would not start the CRI plugin, so containerd is not restarted into it: "
+        + found.current_cri_problem
+    )
 
 
 def _turn_needed(found: containerd.Registration, settings: NodeSettings) -> bool:
@@ -303,7 +318,7 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
         found = containerd.registration(**settings["runtime"])
         hooked = not found.problem  # a refused config fails the node at once: no hook, no driver change
         hostname, refused = _hook_hostname(node, settings) if hooked else ("", None)
-    unit = _unit_problem(found, settings)
+    unit = _unit_problem(found, settings) or _cri_refusal(found, settings)
     if refused or unit:
         return f"failed: {refused or unit}; the node was not touched"
     if not _turn_needed(found, settings):
@@ -330,6 +345,7 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
                     timeout=settings["timeout"],
                     backup=backup if written.did_change() else None,
                     dropped_runtimes=found.dropped_runtimes,
+                    backup_cri_problem=found.current_cri_problem,
                 )
                 if rolling
                 else None

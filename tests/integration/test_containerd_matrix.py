@@ -25,7 +25,8 @@ from pyinfra_gpunode.containerd_dropin import (
     staged_imports,
 )
 from pyinfra_gpunode.containerd_dump import candidate_losses, parse_cri_start_log, runc_runtime
-from pyinfra_gpunode.containerd_files import strictest_mode
+from pyinfra_gpunode.containerd_files import load_order, resolve_tree, strictest_mode
+from pyinfra_gpunode.cri_rules import cri_start_findings
 from pyinfra_gpunode.facts.containerd import (
     ContainerdCandidateDump,
     ContainerdConfigDump,
@@ -190,12 +191,14 @@ def test_matrix(tmp_path: Path, version: str, name: str) -> None:
     files_in, expect = scenario(name, version)
     host = build(tmp_path, version, files_in)
     before = host.fact(ContainerdConfigDump)
-    _files, result = apply_plan(host)
+    files, result = apply_plan(host)
 
     staged = candidate(host, result)
     assert staged["error"] is None, staged["error"]
     assert_ready(staged["summary"], expect, version)
     assert losses(before, staged, result) == []
+    texts = {**files["texts"], CONFIG: result.config_text, OUR_DROPIN: result.dropin_text}
+    assert cri_start_findings(staged["dump"], load_order(resolve_tree(CONFIG, texts))) == []
 
     host.write(CONFIG, result.config_text)
     host.write(OUR_DROPIN, result.dropin_text)

@@ -467,3 +467,31 @@ def test_a_socket_activated_containerd_is_refused(fleet: Fleet, tmp_path: Path) 
         result.stdout
     ), result.stdout
     assert (main_pid(fleet, "node2"), digest(fleet, "node2", "/etc/containerd")) == before
+
+
+def test_mirrors_with_config_path_node_is_refused_before_its_turn(fleet: Fleet, tmp_path: Path) -> None:
+    """node2 (containerd 1.7) runs the legacy ``registry.mirrors`` plus a drop-in setting ``config_path``: its CRI
+    plugin starts (the drop-in owns it), but our file would carry both keys and the CRI plugin would refuse to
+    start. The node is refused before its turn naming keys and files; its daemon keeps running; node3 halts."""
+    fleet.reset(["node2", "node3"])
+    images = '"io.containerd.grpc.v1.cri"'
+    mirrors = f'[plugins.{images}.registry.mirrors."docker.io"]\n  endpoint = ["https://mirror.example"]\n'
+    write(fleet, "node2", CONFIG, f"version = 2\n{IMPORTS}\n{mirrors}")
+    write(fleet, "node2", f"{CONFD}/50-certs.toml", registry("/etc/containerd/certs.d"))
+    sh(fleet, "node2", "systemctl restart containerd")
+    assert "ConfigPath:/etc/containerd/certs.d" in running_runtimes(fleet, "node2")
+    before = {node: (main_pid(fleet, node), digest(fleet, node, "/etc/containerd")) for node in ("node2", "node3")}
+
+    result = deploy(fleet, "-y", inventory=inventory_of(fleet, tmp_path, {"node2": {}, "node3": {}}))
+    output = result.stdout
+    assert result.returncode != 0, output
+    assert "[node2] containerd rollout failed: containerd config not changed: by the CRI plugin's start rules" in (
+        output
+    ), output
+    assert "`mirrors` cannot be set when `config_path` is provided" in output
+    assert f"mirrors (docker.io; in {CONFIG}" in output and f"{CONFD}/50-certs.toml" in output
+    assert "halted: not touched after the failure on node2" in output
+    assert {node: (main_pid(fleet, node), digest(fleet, node, "/etc/containerd")) for node in ("node2", "node3")} == (
+        before
+    )
+    assert sh(fleet, "node2", "systemctl is-active containerd").strip() == "active"

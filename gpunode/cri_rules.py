@@ -1,0 +1,221 @@
+"""Judge a merged containerd config by the CRI plugin's own start rules (no I/O).
+
+``containerd config dump`` merges the files but runs none of the CRI plugin's checks: a config
+the dump prints can still keep the CRI plugin from starting (and, with ``required_plugins``
+naming it, stop the whole daemon). The rules below are the plugin's own (containerd 1.6/1.7
+``pkg/cri/config``, 2.x ``internal/cri/config``), applied to the dump; the files, in load
+order, say where each key comes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, OUR_DROPIN, RUNC_V2
+from pyinfra_gpunode.containerd_files import ConfigFile, parsed
+
+CRI_PLUGINS = (CRI_V2, CRI_V3_RUNTIME, CRI_V3_IMAGES)
+# containerd 2.x's own cni.bin_dirs (upstream; Debian's build), which it drops where bin_dir is set.
+DEFAULT_BIN_DIRS = (["/opt/cni/bin"], ["/usr/lib/cni", "/opt/cni/bin"])
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule the merged config breaks."""
+
+    message: str
+    stops_cri: bool  # the CRI plugin refuses to start; else it starts, but not as the files say
+
+
+def _tables(dump: dict[str, Any]) -> tuple[str, dict[str, Any], str, dict[str, Any]]:
+    """The runtime and images plugin names and tables of a dump (1.x: both the one CRI plugin)."""
+    plugins = dump.get("plugins", {})
+    runtime, images = (CRI_V3_RUNTIME, CRI_V3_IMAGES) if dump.get("version", 0) >= 3 else (CRI_V2, CRI_V2)
+    return runtime, plugins.get(runtime) or {}, images, plugins.get(images) or {}
+
+
+def _value(table: dict[str, Any], path: Sequence[str]) -> Any:
+    for part in path:
+        if not isinstance(table, dict):
+            return None
+        table = table.get(part)  # type: ignore[assignment]
+    return table
+
+
+def _setters(dump: dict[str, Any], files: list[ConfigFile], path: Sequence[str]) -> list[str]:
+    """The files that set ``path`` (within a CRI plugin table, any schema's name) as the merge keeps it:
+    on 1.x only the last file with a CRI table counts (it owns the whole plugin) unless that is our
+    drop-in, which carries every file's CRI keys; on 2.x every file."""
+    cri_files = [(config, parsed(config).get("plugins", {})) for config in files]
+    cri_files = [(config, plugins) for config, plugins in cri_files if isinstance(plugins, dict)]
+    if dump.get("version", 0) < 3:
+        owners = [item for item in cri_files if isinstance(item[1].get(CRI_V2), dict)]
+        cri_files = cri_files if owners and owners[-1][0]["path"] == OUR_DROPIN else owners[-1:]
+    return [
+        config["path"]
+        for config, plugins in cri_files
+        if any(_value(plugins.get(name) or {}, path) not in (None, "", [], {}) for name in CRI_PLUGINS)
+    ]
+
+
+def _top_setters(files: list[ConfigFile], key: str, names: Sequence[str]) -> list[str]:
+    """The files whose top-level ``key`` (a list of plugin names) names one of ``names``."""
+    found = []
+    for config in files:
+        value = parsed(config).get(key)
+        if isinstance(value, list) and set(names) & set(value):
+            found.append(config["path"])
+    return found
+
+
+def _where(paths: list[str], default: str = "containerd's built-in default") -> str:
+    return ", ".join(paths) if paths else default
+
+
+def _disabled(dump: dict[str, Any], files: list[ConfigFile]) -> list[Finding]:
+    names = [name for name in dump.get("disabled_plugins") or [] if name in CRI_PLUGINS]
+    if not names:
+        return []
+    return [
+        Finding(
+            f"the CRI plugin is disabled: disabled_plugins names {', '.join(names)} "
+            f"(in {_where(_top_setters(files, 'disabled_plugins', names), 'a file')}), so containerd starts "
+            "without a CRI and the kubelet can run no pod; remove it from disabled_plugins",
+            stops_cri=True,
+        )
+    ]
+
+
+def _registry(dump: dict[str, Any], files: list[ConfigFile]) -> list[Finding]:
+    _runtime, _table, images, table = _tables(dump)
+    registry = table.get("registry") or {}
+    config_path = registry.get("config_path")
+    if not config_path:
+        return []
+    key = f'plugins."{images}".registry'
+    where_path = _where(_setters(dump, files, ("registry", "config_path")))
+    findings = []
+    mirrors = registry.get("mirrors") or {}
+    if mirrors:
+        findings.append(
+            Finding(
+                f"{key}.mirrors ({', '.join(sorted(mirrors))}; in "
+                f"{_where(_setters(dump, files, ('registry', 'mirrors')))}) cannot be set when "
+                f"{key}.config_path = {config_path!r} (in {where_path}): the CRI plugin refuses to start "
+                '("`mirrors` cannot be set when `config_path` is provided"); move the mirrors to hosts.toml '
+                "files under config_path",
+                stops_cri=True,
+            )
+        )
+    tls = sorted(host for host, config in (registry.get("configs") or {}).items() if (config or {}).get("tls"))
+    if tls:
+        setters = sorted({path for host in tls for path in _setters(dump, files, ("registry", "configs", host, "tls"))})
+        findings.append(
+            Finding(
+                f"{key}.configs.<host>.tls ({', '.join(tls)}; in {_where(setters)}) cannot be set when "
+                f"{key}.config_path = {config_path!r} (in {where_path}): the CRI plugin refuses to start "
+                '("`configs.tls` cannot be set when `config_path` is provided")',
+                stops_cri=True,
+            )
+        )
+    return findings
+
+
+def _cni_dirs(dump: dict[str, Any], files: list[ConfigFile]) -> list[Finding]:
+    runtime, table, _images, _table = _tables(dump)
+    cni = table.get("cni") or {}
+    bin_dir, bin_dirs = cni.get("bin_dir"), cni.get("bin_dirs")
+    setters = _setters(dump, files, ("cni", "bin_dirs"))
+    if runtime != CRI_V3_RUNTIME or not bin_dir or not bin_dirs or not setters or bin_dirs in DEFAULT_BIN_DIRS:
+        return []  # 1.x knows no bin_dirs; 2.x drops its own default bin_dirs where bin_dir is set
+    key = f'plugins."{runtime}".cni'
+    return [
+        Finding(
+            f"{key}.bin_dir = {bin_dir!r} (in {_where(_setters(dump, files, ('cni', 'bin_dir')))}) and "
+            f"{key}.bin_dirs = {bin_dirs!r} (in {_where(setters)}) cannot "
+            'both be set: the CRI plugin refuses to start ("`cni.bin_dir` and `cni.bin_dirs` cannot be set at '
+            'the same time"); keep bin_dirs only',
+            stops_cri=True,
+        )
+    ]
+
+
+def _runtimes(dump: dict[str, Any], files: list[ConfigFile]) -> list[Finding]:
+    runtime, table, _images, _table = _tables(dump)
+    containerd = table.get("containerd") or {}
+    runtimes = containerd.get("runtimes") or {}
+    key = f'plugins."{runtime}".containerd'
+    findings = []
+    default = containerd.get("default_runtime_name")
+    if not default:
+        findings.append(Finding(f"{key}.default_runtime_name is empty: the CRI plugin refuses to start", True))
+    elif default not in runtimes:
+        findings.append(
+            Finding(
+                f"{key}.default_runtime_name = {default!r} (in "
+                f"{_where(_setters(dump, files, ('containerd', 'default_runtime_name')))}) names no runtime the "
+                f"merged config defines (runtimes: {', '.join(sorted(runtimes)) or 'none'}): the CRI plugin "
+                "refuses to start",
+                stops_cri=True,
+            )
+        )
+    for name, runtime_table in sorted(runtimes.items()):
+        path = ("containerd", "runtimes", name)
+        if not runtime_table.get("runtime_type"):
+            findings.append(
+                Finding(
+                    f"{key}.runtimes.{name} sets no runtime_type (in {_where(_setters(dump, files, path), 'a file')}): "
+                    "the CRI plugin reads its options as no runtime's, so runc options such as BinaryName and "
+                    f'SystemdCgroup are not applied; set runtime_type = "{RUNC_V2}"',
+                    stops_cri=False,
+                )
+            )
+        spellings: dict[str, list[str]] = {}
+        for option in runtime_table.get("options") or {}:
+            spellings.setdefault(option.lower(), []).append(option)
+        for same in (sorted(group) for group in spellings.values() if len(group) > 1):
+            values = ", ".join(f"{option} = {runtime_table['options'][option]!r}" for option in same)
+            setters = sorted({file for option in same for file in _setters(dump, files, (*path, "options", option))})
+            findings.append(
+                Finding(
+                    f"{key}.runtimes.{name}.options sets one option in {len(same)} spellings ({values}; in "
+                    f"{_where(setters, 'a file')}): containerd reads every spelling into the same option, so "
+                    "only one of the values takes effect; keep one spelling",
+                    stops_cri=False,
+                )
+            )
+    return findings
+
+
+def _required(dump: dict[str, Any], files: list[ConfigFile], findings: list[Finding]) -> list[Finding]:
+    names = [name for name in dump.get("required_plugins") or [] if name in CRI_PLUGINS]
+    if not names or not any(finding.stops_cri for finding in findings):
+        return []
+    where = _where(_top_setters(files, "required_plugins", names), "a file")
+    return [
+        Finding(
+            f"required_plugins names {', '.join(names)} (in {where}): "
+            "the whole containerd daemon would exit at start, not only its CRI plugin",
+            stops_cri=True,
+        )
+    ]
+
+
+def cri_start_findings(dump: dict[str, Any], files: list[ConfigFile]) -> list[Finding]:
+    """What the CRI plugin would refuse, or run other than the files say, in the merged config
+    ``dump`` (``config dump`` parsed) read from ``files`` (``load_order``). A disabled CRI plugin
+    comes first and alone: nothing else of the plugin's config is read then."""
+    findings = _disabled(dump, files) or [
+        *_registry(dump, files),
+        *_cni_dirs(dump, files),
+        *_runtimes(dump, files),
+    ]
+    return findings + _required(dump, files, findings)
+
+
+def stopping(findings: list[Finding]) -> str | None:
+    """The findings that keep the CRI plugin from starting, as one message, or ``None``."""
+    messages = [finding.message for finding in findings if finding.stops_cri]
+    return "; ".join(messages) or None

@@ -1,0 +1,183 @@
+"""The CRI plugin's start rules against real containerd 1.7.24 and 2.1.9.
+
+Each tree's real ``config dump`` (and the staged candidate's, as ``registration`` judges it) loads
+without an error, so the dump gate lets it through; the rules refuse it, naming keys and files; and
+for ``mirrors`` with ``config_path`` the real daemon, started briefly in a private namespace, shows
+that its CRI plugin does refuse to start.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, plan, staged_imports
+from pyinfra_gpunode.containerd_dump import runc_runtime
+from pyinfra_gpunode.containerd_files import load_order, resolve_tree
+from pyinfra_gpunode.cri_rules import cri_start_findings, stopping
+from pyinfra_gpunode.facts.containerd import (
+    ContainerdCandidateDump,
+    ContainerdConfigDump,
+    ContainerdConfigFiles,
+    ContainerdVersion,
+    candidate_input,
+)
+from tests.realbin.namespace import ScenarioHost
+from tests.realbin.scenarios import CONFD, CONFIG, IMPORTS
+
+pytestmark = pytest.mark.containerd
+VERSIONS = ["1.7.24", "2.1.9"]
+MIRRORS_TEXT = "`mirrors` cannot be set when `config_path` is provided"
+
+
+def names(version: str) -> tuple[int, str, str]:
+    """config version, CRI runtime plugin and CRI images plugin as a node of ``version`` writes them."""
+    if version.startswith("2."):
+        return 3, "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images"
+    return 2, "io.containerd.grpc.v1.cri", "io.containerd.grpc.v1.cri"
+
+
+def mirrors_and_config_path(version: str) -> dict[str, str]:
+    """The legacy ``registry.mirrors`` in config.toml plus a drop-in that sets ``config_path``."""
+    schema, _runtime, images = names(version)
+    return {
+        CONFIG: f'version = {schema}\n{IMPORTS}\n[plugins."{images}".registry.mirrors."docker.io"]\n'
+        '  endpoint = ["https://mirror.example"]\n',
+        f"{CONFD}/50-certs.toml": f'version = {schema}\n[plugins."{images}".registry]\n'
+        '  config_path = "/etc/containerd/certs.d"\n',
+    }
+
+
+def build(tmp_path: Path, version: str, files: dict[str, str]) -> ScenarioHost:
+    host = ScenarioHost(tmp_path, version)
+    for path, text in files.items():
+        host.write(path, text)
+    return host
+
+
+def candidate(host: ScenarioHost) -> tuple[dict, list]:
+    """The planned files' staged dump and the candidate tree's files, as ``registration`` reads them."""
+    files = host.fact(ContainerdConfigFiles)
+    runc = runc_runtime(host.fact(ContainerdConfigDump)["dump"])
+    result = plan(files["main_path"], files["texts"], host.fact(ContainerdVersion), Options(), runc)
+    assert not result.errors, result.errors
+    staged = host.fact(
+        ContainerdCandidateDump,
+        config_path=CONFIG,
+        dropin_path=OUR_DROPIN,
+        _stdin=candidate_input(staged_imports(result.config_text), result.dropin_text),
+    )
+    texts = {**files["texts"], CONFIG: result.config_text, OUR_DROPIN: result.dropin_text}
+    host.write(CONFIG, result.config_text)  # kept for the daemon run; the checks above read the node before
+    host.write(OUR_DROPIN, result.dropin_text)
+    return staged, load_order(resolve_tree(CONFIG, texts))
+
+
+def cri_failures(log: str) -> list[str]:
+    """The errors of the CRI gRPC plugin's ``failed to load plugin`` lines (1.x and 2.x forms)."""
+    failures = []
+    for line in log.splitlines():
+        error = re.search(r'error="((?:[^"\\]|\\.)*)"', line)
+        one_x = 'failed to load plugin io.containerd.grpc.v1.cri"' in line
+        two_x = 'msg="failed to load plugin"' in line and re.search(r"\bid=io\.containerd\.grpc\.v1\.cri\b", line)
+        if error and (one_x or two_x):
+            failures.append(error.group(1))
+    return failures
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_mirrors_with_config_path_passes_the_dump_but_not_the_rules(tmp_path: Path, version: str) -> None:
+    host = build(tmp_path, version, mirrors_and_config_path(version))
+    current = host.fact(ContainerdConfigDump)
+    assert current["error"] is None
+    current_problem = stopping(
+        cri_start_findings(current["dump"], load_order(resolve_tree(CONFIG, host.fact(ContainerdConfigFiles)["texts"])))
+    )
+    if version.startswith("1."):
+        assert current_problem is None  # 1.x: the drop-in owns the CRI plugin, the mirrors are gone
+    else:
+        assert current_problem is not None and MIRRORS_TEXT in current_problem  # 2.x deep-merges: both kept
+
+    staged, files = candidate(host)
+    assert staged["error"] is None, staged["error"]  # the dump gate lets the candidate through
+    found = cri_start_findings(staged["dump"], files)
+    assert found and found[0].stops_cri
+    message = found[0].message
+    assert MIRRORS_TEXT in message
+    assert f"(docker.io; in {CONFIG}" in message
+    assert f"{CONFD}/50-certs.toml" in message
+
+
+@pytest.mark.daemon
+@pytest.mark.parametrize("version", VERSIONS)
+def test_real_cri_plugin_refuses_mirrors_with_config_path(tmp_path: Path, version: str) -> None:
+    """What the rule stands for: written, the candidate takes the CRI plugin down at start."""
+    host = build(tmp_path, version, mirrors_and_config_path(version))
+    candidate(host)
+    failures = cri_failures(host.run_daemon())
+    assert any(MIRRORS_TEXT in failure for failure in failures), failures
+
+
+@pytest.mark.daemon
+def test_required_cri_plugin_makes_the_real_daemon_exit(tmp_path: Path) -> None:
+    files = mirrors_and_config_path("2.1.9")
+    files[CONFIG] = files[CONFIG].replace(
+        "version = 3\n", 'version = 3\nrequired_plugins = ["io.containerd.grpc.v1.cri"]\n'
+    )
+    host = build(tmp_path, "2.1.9", files)
+    dump = host.fact(ContainerdConfigDump)
+    assert dump["error"] is None
+    found = cri_start_findings(
+        dump["dump"], load_order(resolve_tree(CONFIG, host.fact(ContainerdConfigFiles)["texts"]))
+    )
+    assert "the whole containerd daemon would exit" in found[-1].message
+    assert "containerd: load required plugin io.containerd.grpc.v1.cri: " in host.run_daemon()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_disabled_cri_plugin_is_named_not_a_missing_runtime(tmp_path: Path, version: str) -> None:
+    schema, _runtime, _images = names(version)
+    host = build(
+        tmp_path, version, {CONFIG: f'version = {schema}\n{IMPORTS}disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'}
+    )
+    staged, files = candidate(host)
+    assert staged["error"] is None, staged["error"]
+    (finding,) = cri_start_findings(staged["dump"], files)
+    assert finding.message.startswith(
+        f"the CRI plugin is disabled: disabled_plugins names io.containerd.grpc.v1.cri (in {CONFIG})"
+    )
+
+
+def test_bin_dir_with_bin_dirs_passes_the_dump_but_not_the_rules(tmp_path: Path) -> None:
+    cni = (
+        'version = 3\n[plugins."io.containerd.cri.v1.runtime".cni]\n'
+        '  bin_dir = "/usr/lib/cni"\n  bin_dirs = ["/opt/cni/site"]\n'
+    )
+    host = build(tmp_path, "2.1.9", {CONFIG: f"version = 3\n{IMPORTS}", f"{CONFD}/20-cni.toml": cni})
+    staged, files = candidate(host)
+    assert staged["error"] is None, staged["error"]
+    (finding,) = cri_start_findings(staged["dump"], files)
+    assert finding.stops_cri
+    assert f"bin_dir = '/usr/lib/cni' (in {CONFD}/20-cni.toml)" in finding.message
+    assert "cannot be set at the same time" in finding.message
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_runc_option_in_lower_case_is_refused_in_two_spellings(tmp_path: Path, version: str) -> None:
+    """``systemdCgroup`` (containerd reads it as ``SystemdCgroup``) ends up next to ``SystemdCgroup``: on 2.x
+    the dump merges it over runc's defaults, on 1.x the nvidia runtime copies runc's options."""
+    schema, runtime, _images = names(version)
+    runc = (
+        f'version = {schema}\n[plugins."{runtime}".containerd.runtimes.runc]\n'
+        '  runtime_type = "io.containerd.runc.v2"\n'
+        f'[plugins."{runtime}".containerd.runtimes.runc.options]\n  systemdCgroup = true\n'
+    )
+    host = build(tmp_path, version, {CONFIG: f"version = {schema}\n{IMPORTS}", f"{CONFD}/10-runc.toml": runc})
+    staged, files = candidate(host)
+    assert staged["error"] is None, staged["error"]
+    found = [finding.message for finding in cri_start_findings(staged["dump"], files)]
+    assert any(
+        "options sets one option in 2 spellings" in message and "systemdCgroup = True" in message for message in found
+    ), found
