@@ -195,9 +195,7 @@ def _process_dump(output: list[str]) -> DumpInfo:
     stderr = [line for line in output[marker + 1 :] if not line.startswith("### gpunode-rc")]
     rc_line = next((line for line in output if line.startswith("### gpunode-rc")), "### gpunode-rc 0")
     # Without the time field containerd stamps each line with: the same warning read at two moments is one.
-    warnings = [
-        _LOG_TIME.sub("", line) for line in stderr if "level=warning" in line or "Ignoring unknown key" in line
-    ]
+    warnings = [_LOG_TIME.sub("", line) for line in stderr if "level=warning" in line or "Ignoring unknown key" in line]
     rc = rc_line.split()[-1]
     if rc == "stage":
         error = "could not stage the candidate: " + "\n".join(stderr)

@@ -41,6 +41,8 @@ from pyinfra_gpunode.versions import ContainerdVersionInfo
 CRI_V2 = "io.containerd.grpc.v1.cri"
 CRI_V3_RUNTIME = "io.containerd.cri.v1.runtime"
 CRI_V3_IMAGES = "io.containerd.cri.v1.images"
+# What disabled_plugins may name the CRI plugin by: its URIs, or its ID alone ("cri", as Docker's file does).
+CRI_NAMES = (CRI_V2, CRI_V3_RUNTIME, CRI_V3_IMAGES, "cri")
 RUNC_V2 = "io.containerd.runc.v2"
 RUNTIME = "nvidia"
 # Runtime keys containerd fills in itself when a file leaves them empty or unset.
@@ -296,19 +298,28 @@ def _default_base(
     )
 
 
+# Runtime keys of containerd 1.x that 2.x no longer knows (it warns "Ignoring unknown key" for each).
+V1_ONLY_RUNTIME_KEYS = ("runtime_engine", "runtime_root")
+
+
 def _nvidia_runtime(
     runtimes: dict[str, Any],
     default: str,
     builtin: dict[str, Any],
     options: Options,
     user_set: dict[str, tuple[str, Any]],
+    unknown: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], list[str]]:
     """The nvidia runtime: the default runtime's entry (``runtime_type``, every option,
     ``base_runtime_spec``, sandbox settings, ``privileged_without_host_devices``…) under what a
     file sets for nvidia itself; ``BinaryName`` ours, ``SystemdCgroup`` as asked, else as a file
-    sets it for nvidia, else as the default runtime has it. ``user_set``: every key the files set."""
+    sets it for nvidia, else as the default runtime has it. ``user_set``: every key the files set;
+    ``unknown``: keys of the copied entry the node's containerd does not know (not copied)."""
     base_entry, copied = _default_base(runtimes, default, builtin, user_set)
-    base = deep_merge({"runtime_type": RUNC_V2}, base_entry)
+    left_out = sorted(key for key in unknown if key in base_entry)
+    base = deep_merge({"runtime_type": RUNC_V2}, {k: v for k, v in base_entry.items() if k not in unknown})
+    if left_out:
+        copied += f" less {', '.join(left_out)} (this containerd does not know them)"
     base["options"] = _table(base, "options")
     runtime = deep_merge(base, _table(runtimes, RUNTIME))
     runtime["options"] = _table(runtime, "options")
@@ -493,6 +504,13 @@ def plan(
         return result
     main = resolve_tree(main_path, texts)["main"]
     if main is not None:
+        disabled = [name for name in parsed(main).get("disabled_plugins") or [] if name in CRI_NAMES]
+        if disabled:  # first: whatever else the file says, the kubelet has no CRI on this node
+            result.errors.append(
+                f"{main_path}: the CRI plugin is disabled (disabled_plugins names {', '.join(map(str, disabled))}), "
+                "so containerd starts without a CRI and the kubelet can run no pod (Docker's containerd.io ships "
+                "this file); remove it from disabled_plugins"
+            )
         result.errors += _schema_errors([main], version)
         if main["version"] is None and not main["error"] and parsed(main):
             result.errors.append(
@@ -657,7 +675,7 @@ def _plan_owned_keys(
             for name in (CRI_V2, CRI_V3_RUNTIME)
         )
     ]
-    nvidia, lines = _nvidia_runtime(runtimes, default, runc, options, user_set)
+    nvidia, lines = _nvidia_runtime(runtimes, default, runc, options, user_set, V1_ONLY_RUNTIME_KEYS)
     result.account += lines
     cdi, cdi_lines = cdi_keys(options, user_set)
     result.account += cdi_lines

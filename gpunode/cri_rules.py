@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, OUR_DROPIN, RUNC_V2
+from pyinfra_gpunode.containerd_dropin import CRI_NAMES, CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, OUR_DROPIN, RUNC_V2
 from pyinfra_gpunode.containerd_files import ConfigFile, parsed
 
 CRI_PLUGINS = (CRI_V2, CRI_V3_RUNTIME, CRI_V3_IMAGES)
@@ -75,7 +75,7 @@ def _where(paths: list[str], default: str = "containerd's built-in default") -> 
 
 
 def _disabled(dump: dict[str, Any], files: list[ConfigFile]) -> list[Finding]:
-    names = [name for name in dump.get("disabled_plugins") or [] if name in CRI_PLUGINS]
+    names = [name for name in dump.get("disabled_plugins") or [] if name in CRI_NAMES]
     if not names:
         return []
     return [

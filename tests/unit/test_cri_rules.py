@@ -177,3 +177,18 @@ def test_required_cri_plugin_says_the_whole_daemon_exits() -> None:
     assert stopping(found) == f"{found[0].message}; {found[1].message}"
     # Required but nothing wrong: nothing to say.
     assert messages(dump1(required_plugins=[V2])) == []
+
+
+def test_a_main_file_disabling_cri_by_its_id_is_named_first() -> None:
+    """Docker's containerd.io file: ``disabled_plugins = ["cri"]`` and no ``version``."""
+    from pyinfra_gpunode.containerd_dropin import Options, plan
+
+    version = {"major": 1, "minor": 7, "patch": 24, "raw": "1.7.24"}
+    result = plan(
+        "/etc/containerd/config.toml",
+        {"/etc/containerd/config.toml": 'disabled_plugins = ["cri"]\n'},
+        version,  # type: ignore[arg-type]
+        Options(binary="/usr/bin/nvidia-container-runtime"),
+        None,
+    )
+    assert result.errors[0].startswith("/etc/containerd/config.toml: the CRI plugin is disabled"), result.errors
