@@ -469,6 +469,7 @@ class ContainerdCriLoaded(FactBase[CriLoaded]):
                 "id=$(systemctl show -p InvocationID --value containerd 2>/dev/null); j=",
                 'if [ -n "$id" ]; then j=$(journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | '
                 "grep -E 'failed to load plugin io.containerd.(grpc.v1.cri|cri)|"
+                'failed to load plugin" error=.* id=io.containerd.(grpc.v1.cri|cri.v1.[a-z]+)( |$)|'
                 "Start cri plugin with config|starting cri plugin'); fi",
                 'if [ -n "$j" ]; then printf \'%s\\n\' "$j"; fi',
                 marker("ctr"),  # asked only without a start line; the plugin's message only when not ok

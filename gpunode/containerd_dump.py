@@ -160,6 +160,10 @@ def candidate_losses(
 
 
 _CRI_FAILED = re.compile(r'failed to load plugin io\.containerd\.(?:grpc\.v1\.cri|cri[.\w]*)" error="(.*)"')
+# 2.x: msg="failed to load plugin" error="…" id=io.containerd.grpc.v1.cri (or a cri.v1 plugin it needs)
+_CRI_FAILED_2X = re.compile(
+    r'msg="failed to load plugin" error="((?:[^"\\]|\\.)*)" id=io\.containerd\.(?:grpc\.v1\.cri|cri\.v1\.\w+)(?: |$)'
+)
 _JSON_CONFIG = re.compile(r'msg="starting cri plugin" config="((?:[^"\\]|\\.)*)"')
 
 
@@ -224,7 +228,7 @@ def _cri_loaded(
 
 
 def _parse_cri_line(line: str) -> CriLoaded | None:
-    failed = _CRI_FAILED.search(line)
+    failed = _CRI_FAILED.search(line) or _CRI_FAILED_2X.search(line)
     if failed:
         return _cri_loaded(False, error=failed.group(1).replace('\\"', '"'))
     json_config = _JSON_CONFIG.search(line)

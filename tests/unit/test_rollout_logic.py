@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,41 @@ def test_each_node_has_its_own_settings_and_unlisted_nodes_the_defaults() -> Non
         "runtime": {"binary": "/opt/c"}, "timeout": 20, "restart": "none", **no_turn,
     }  # fmt: skip
     assert node_settings(nodes, "node1") == {"runtime": {}, "timeout": 60, "restart": "rolling", **no_turn}
+
+
+def test_a_2x_cri_plugin_that_failed_after_its_start_line_is_read_as_failed() -> None:
+    """containerd 2.1.9 logs ``starting cri plugin`` first, then ``msg="failed to load plugin" … id=…``
+    (a real journal: registry mirrors with config_path), which the node's own grep must keep too."""
+    lines = (SAMPLES / "cri-failed-2.1.9.log").read_text().splitlines()
+    assert any("starting cri plugin" in line for line in lines)
+    failed = parse_cri_start_log(lines)
+    assert failed["loaded"] is False
+    assert "`mirrors` cannot be set when `config_path` is provided" in (failed["error"] or "")
+    assert "did not load" in (restart_problem("active", "success", failed, _loaded(["runc"])) or "")
+
+
+def test_the_cri_read_keeps_both_failure_forms_and_no_other_plugins_failure() -> None:
+    import re
+    import shlex
+
+    from pyinfra_gpunode.facts.containerd import ContainerdCriLoaded
+
+    command = ContainerdCriLoaded().command()
+    pattern = re.search(r"grep -E ('[^']*')", command)
+    assert pattern is not None
+    grep = ["grep", "-E", shlex.split(pattern.group(1))[0]]
+    kept = subprocess.run(
+        grep,
+        input="\n".join(
+            [
+                *(SAMPLES / "cri-failed-2.1.9.log").read_text().splitlines(),
+                *(SAMPLES / "cri-failed-1.7.24.log").read_text().splitlines(),
+                'time="t" level=warning msg="failed to load plugin" error="no btrfs" '
+                "id=io.containerd.snapshotter.v1.btrfs type=io.containerd.snapshotter.v1",
+            ]
+        ),
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    assert sum("failed to load plugin" in line for line in kept) == 3, kept  # 2.x: images and cri; 1.x: cri
+    assert not any("btrfs" in line for line in kept)
