@@ -142,9 +142,10 @@ def refusal(info: ContainerdPlatformInfo | None) -> str | None:
             )
         else:
             how = (
-                f"put the nvidia runtime in a drop-in in {K0S_DROPINS}/ (version 3 or no version line, plugin "
-                "io.containerd.cri.v1.runtime, never io.containerd.grpc.v1.cri); k0s restarts its containerd "
-                "about 3 s after a file there changes"
+                f"put the nvidia runtime in a drop-in in {K0S_DROPINS}/ (from k0s 1.36 on: version 3 or no "
+                "version line, plugin io.containerd.cri.v1.runtime, never io.containerd.grpc.v1.cri; earlier "
+                "releases merge drop-ins that name io.containerd.grpc.v1.cri into their CRI config); k0s "
+                "restarts its containerd about 3 s after a file there changes"
             )
         return (
             f"k0s owns containerd here (socket {K0S_SOCKET}, config {K0S_CONFIG}); gpunode does not "
