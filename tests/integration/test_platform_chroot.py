@@ -7,7 +7,8 @@ generated config is reproduced; RKE2 is the same agent as program ``rke2``; k0sp
 ``pkg/component/worker/containerd/component.go``; awslabs/amazon-eks-ami
 ``nodeadm/internal/containerd/config2.template.toml`` and
 ``templates/al2023/runtime/rootfs/etc/systemd/system/nodeadm-config.service``). Both deploys refuse
-those nodes naming the platform and what to do instead, and write nothing.
+those nodes naming the platform and what to do instead, and write nothing; a plain Debian root in the
+same run is not taken for a platform and gets its drop-in.
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ def eks(root: Path) -> None:
     write(root, "/etc/systemd/system/nodeadm-config.service", NODEADM_UNIT)
 
 
+def plain(root: Path) -> None:
+    """Debian's own containerd, no platform."""
+
+
 PLATFORMS: dict[str, Callable[[Path], None]] = {"k3s": k3s, "rke2": rke2, "k0s": k0s, "eks": eks}
 REFUSALS = {
     "k3s": "k3s owns containerd here: it runs containerd inside its unit (k3s.service, k3s-agent.service)",
@@ -151,8 +156,8 @@ def lower() -> Path:
 
 @pytest.fixture
 def roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
-    """One writable overlay of the trixie root per platform, its layout planted."""
-    with planted_copies(lower, tmp_path, PLATFORMS) as copies:
+    """One writable overlay of the trixie root per platform, its layout planted, and a plain one."""
+    with planted_copies(lower, tmp_path, {**PLATFORMS, "plain": plain}) as copies:
         yield copies
 
 
@@ -181,26 +186,26 @@ def digest(root: Path) -> str:
 
 
 def test_platform_nodes_are_refused_and_nothing_is_written(roots: dict[str, Path]) -> None:
-    before = {name: digest(root) for name, root in roots.items()}
-    hosts = list(roots.values())
+    owned = {name: root for name, root in roots.items() if name in PLATFORMS}
+    before = {name: digest(root) for name, root in owned.items()}
+    hosts, everyone = list(owned.values()), list(roots.values())
+    none = ("--data", "gpunode_containerd_restart=none")
     runs = {
-        "gpu_node dry run": pyinfra(hosts, "deploys/gpu_node.py", "--dry"),
-        "gpu_node, files only": pyinfra(
-            hosts, "deploys/gpu_node.py", "-y", "--data", "gpunode_containerd_restart=none"
-        ),
-        "runtime, files only": pyinfra(
-            hosts, "deploys/containerd_runtime.py", "-y", "--data", "gpunode_containerd_restart=none"
-        ),
+        "gpu_node dry run": pyinfra(everyone, "deploys/gpu_node.py", "--dry"),
+        "gpu_node, files only": pyinfra(hosts, "deploys/gpu_node.py", "-y", *none),
+        "runtime, files only": pyinfra(everyone, "deploys/containerd_runtime.py", "-y", *none),
         "runtime, rolling": pyinfra(hosts, "deploys/containerd_runtime.py", "-y"),
     }
     for run, result in runs.items():
         out = result.stdout
         assert "Traceback" not in out, f"{run}\n{out}"
         assert result.returncode == (0 if run.endswith("dry run") else 1), f"{run}\n{out}"
-        for name, root in roots.items():
+        for name, root in owned.items():
             assert said(out, root, REFUSALS[name]), f"{run}: {name}\n{out}"
             assert FOUND[name] in out, f"{run}: {name}\n{out}"
             assert "no containerd.service" not in out and "containerd.service is" not in out, f"{run}\n{out}"
-    assert {name: digest(root) for name, root in roots.items()} == before
+        assert not re.search(re.escape(f"[@chroot/{roots['plain']}]") + r".*owns containerd", out), f"{run}\n{out}"
+    assert {name: digest(root) for name, root in owned.items()} == before
+    assert (roots["plain"] / "etc/containerd/gpunode/nvidia-runtime.toml").is_file()  # the plain node went on
     eks_refusal = next(line for line in runs["runtime, rolling"].stdout.splitlines() if "EKS nodeadm owns" in line)
     assert "set the nvidia runtime in the NodeConfig's spec.containerd.config" in eks_refusal
