@@ -18,6 +18,8 @@ from pyinfra_gpunode import shell
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
 from pyinfra_gpunode.containerd_dump import CriLoaded, DumpSummary, parse_cri_loaded, parse_cri_start_log, summarize
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, resolve_tree
+from pyinfra_gpunode.facts.platform import ContainerdPlatform
+from pyinfra_gpunode.platform import ContainerdPlatformInfo, owning_platform
 from pyinfra_gpunode.sections import marker, split_sections
 from pyinfra_gpunode.versions import ContainerdVersionInfo, parse_containerd_version
 
@@ -496,14 +498,16 @@ class ContainerdNodeStateInfo(TypedDict):
     dump: DumpInfo | None
     binary_present: bool
     service: ContainerdServiceInfo | None
+    platform: ContainerdPlatformInfo
 
 
 class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
     """
     Returns in one command what registering the nvidia runtime reads: ``ContainerdVersion``,
     ``ContainerdConfigFiles``, ``ContainerdConfigDump`` of the main config the unit uses,
-    whether the runtime ``binary`` exists, and ``ContainerdService``, each as those facts
-    return it (``None`` where containerd or systemd is missing).
+    whether the runtime ``binary`` exists, ``ContainerdService`` and ``ContainerdPlatform`` (the
+    platform that owns containerd, if any), each as those facts return it (``None`` where
+    containerd or systemd is missing).
 
     + binary: path of the nvidia runtime binary
 
@@ -511,7 +515,8 @@ class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
 
         {"version": {"major": 1, "minor": 7, ...}, "files": {"main_path": "...", ...},
          "dump": {"summary": {...}, "dump": {...}, "warnings": [], "error": None},
-         "binary_present": True, "service": {"active_state": "active", ...}}
+         "binary_present": True, "service": {"active_state": "active", ...},
+         "platform": {"name": None, "evidence": [], "k0s_managed": None}}
     """
 
     @override
@@ -529,6 +534,8 @@ class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
                 f"if [ -e {shlex.quote(binary)} ]; then echo present; fi",
                 marker("service"),
                 f"if command -v systemctl >/dev/null 2>&1; then {ContainerdService().command()}; fi",
+                marker("platform"),
+                ContainerdPlatform().command(),
             ]
         )
 
@@ -542,4 +549,5 @@ class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
             "dump": _process_dump(dump) if dump else None,
             "binary_present": "present" in sections.get("binary", []),
             "service": ContainerdService().process(service) if service else None,
+            "platform": owning_platform(sections.get("platform", [])),
         }

@@ -19,6 +19,7 @@ from pyinfra.api import State, deploy
 
 from pyinfra_gpunode.driver_plan import DriverRequest, DriverRequestError, check_request, resolve_source
 from pyinfra_gpunode.facts.nvidia import NodeKind, NvidiaDriver
+from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.hooks import HOOK_KEYS, check_hook
 from pyinfra_gpunode.hostdata import HostDataError, validate, world_writable_warnings
 from pyinfra_gpunode.log import logger
@@ -28,12 +29,14 @@ from pyinfra_gpunode.operations import (
     hostdata,
     kernel,
     nvidia,
+    platform,
     rollout,
     unattended_upgrades,
 )
 from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.operations._lock import lock_changes
 from pyinfra_gpunode.operations._shared import node_fact, snapshot_binary
+from pyinfra_gpunode.platform import refusal as platform_refusal
 from pyinfra_gpunode.rollout import NodeReport, NodeSettings, rollout_order
 from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit
 
@@ -99,10 +102,11 @@ def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
     containerd restarted and verified one node at a time, in rollout order, halting at the
     first failure; with ``none`` files are only written. A live node is locked for the run.
     ``values``: this host's ``settings()`` when the caller has them already. A node whose host
-    data is refused fails with the reason before anything runs on it.
+    data is refused, or whose containerd a platform owns (k3s, RKE2, k0s, EKS nodeadm), fails
+    with the reason before anything runs on it.
     """
     values = values or _accepted_settings(gpu=False)
-    if values is None:
+    if values is None or _platform_refused():
         return
     nodes = _NODES.setdefault(current_state(), {})
     driver, steps = _DRIVER_TURNS.get(current_state(), {}).get(host.name, ([], None))
@@ -124,6 +128,15 @@ def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
         _serial=True,
     )
     rollout.node_unlocked(name="node: lock released")
+
+
+def _platform_refused() -> bool:
+    """Whether a platform (k3s, RKE2, k0s, EKS nodeadm) owns the node's containerd; the node is then
+    set to fail with the reason and what to do instead, before anything changes on it."""
+    if platform_refusal(node_fact(ContainerdPlatform)) is None:
+        return False
+    platform.supported(name="containerd: not owned by a platform")
+    return True
 
 
 def _report() -> NodeReport:
@@ -241,7 +254,8 @@ def gpu_node_prepared() -> None:
     last the containerd runtime, rolled out one node at a time, and a per-node summary. A
     driver change (install, upgrade, reboot) is made in the node's rollout turn, with the GPU
     steps after it, between the rollout hooks; everything else runs on all nodes at once. A node
-    whose host data is refused fails with the reason before anything runs on it.
+    whose host data is refused, or whose containerd a platform owns (k3s, RKE2, k0s, EKS
+    nodeadm), fails with the reason before anything runs on it.
     """
     values, error = _checked_settings()
     kind = node_fact(NodeKind)  # distribution and GPUs, with everything else the steps read
@@ -250,6 +264,8 @@ def gpu_node_prepared() -> None:
         return
     if values is None:
         hostdata.accepted(name="host data: accepted", error=error)
+        return
+    if _platform_refused():
         return
     kernel.held(name="kernel: held", present=values["gpunode_kernel_hold"])
     unattended_upgrades.configured(

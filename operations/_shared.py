@@ -46,6 +46,7 @@ from pyinfra_gpunode.facts.nvidia import (
     NvidiaHostState,
     NvmlInfo,
 )
+from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.facts.readiness import NodeReadiness
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
 from pyinfra_gpunode.operations._internals import (
@@ -89,6 +90,7 @@ _PART_OF: dict[Fact, tuple[Fact, Callable[[Any], Any], Held]] = {
     CdiSpecs: (NodeReadiness, lambda v: v["cdi"], _no_arguments),
     ContainerdNodeState: (NodeReadiness, lambda v: v["containerd"], lambda a, v: {"binary": a["binary"]}),
     ContainerdService: (ContainerdNodeState, lambda v: v["service"], _no_arguments),
+    ContainerdPlatform: (ContainerdNodeState, lambda v: v.get("platform", _NOT_HELD), _no_arguments),
     ContainerdConfigFiles: (ContainerdNodeState, lambda v: v["files"], _no_arguments),
     ContainerdConfigDump: (  # of the config the unit starts containerd with
         ContainerdNodeState,

@@ -48,6 +48,7 @@ from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import facts_unchanged, node_fact
+from pyinfra_gpunode.platform import refusal as platform_refusal
 from pyinfra_gpunode.redaction import redacted
 
 BACKUP_DIR = "/var/lib/pyinfra-gpunode/backup"  # mode 0700: the files can carry registry credentials
@@ -115,6 +116,9 @@ def registration(
         _check_absolute("cdi_spec_dirs entry", spec_dir)
 
     node = node_fact(ContainerdNodeState, binary=binary)
+    owned = platform_refusal(node.get("platform"))  # k3s, RKE2, k0s, EKS nodeadm: their config, not ours
+    if owned:
+        return Registration(owned)
     version, files, before = node["version"], node["files"], node["dump"]
     if not version:
         return Registration(
