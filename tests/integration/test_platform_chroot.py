@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,9 +23,9 @@ import pytest
 from tests.fleet.plugin import require_fleet
 from tests.fleet.roots import RootRecipe, ensure_root, planted_copies
 from tests.integration.gpu_state import write
+from tests.integration.test_gpu_node_chroot import pyinfra
 
-REPO = Path(__file__).resolve().parents[2]
-PYINFRA = Path(sys.executable).with_name("pyinfra")
+RUNTIME_DEPLOY = "deploys/containerd_runtime.py"
 pytestmark = pytest.mark.fleet
 
 RANCHER_CONFIG_V3 = """\
@@ -161,15 +160,6 @@ def roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
         yield copies
 
 
-def pyinfra(hosts: list[Path], deploy: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI on the roots, run beside them (a failing run leaves its ``pyinfra-debug.log`` there)."""
-    inventory = ",".join(f"@chroot/{root}" for root in hosts)
-    return subprocess.run(
-        [str(PYINFRA), *args, inventory, str(REPO / deploy)],
-        cwd=hosts[0].parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-    )  # fmt: skip
-
-
 def said(out: str, root: Path, text: str) -> bool:
     """Whether the log has ``text`` on the root's own line (pyinfra pads the host prefixes)."""
     return re.search(re.escape(f"[@chroot/{root}]") + r"\s+(plan: )?" + re.escape(text), out) is not None
@@ -191,10 +181,10 @@ def test_platform_nodes_are_refused_and_nothing_is_written(roots: dict[str, Path
     hosts, everyone = list(owned.values()), list(roots.values())
     none = ("--data", "gpunode_containerd_restart=none")
     runs = {
-        "gpu_node dry run": pyinfra(everyone, "deploys/gpu_node.py", "--dry"),
-        "gpu_node, files only": pyinfra(hosts, "deploys/gpu_node.py", "-y", *none),
-        "runtime, files only": pyinfra(everyone, "deploys/containerd_runtime.py", "-y", *none),
-        "runtime, rolling": pyinfra(hosts, "deploys/containerd_runtime.py", "-y"),
+        "gpu_node dry run": pyinfra(everyone, "--dry"),
+        "gpu_node, files only": pyinfra(hosts, "-y", *none),
+        "runtime, files only": pyinfra(everyone, "-y", *none, deploy=RUNTIME_DEPLOY),
+        "runtime, rolling": pyinfra(hosts, "-y", deploy=RUNTIME_DEPLOY),
     }
     for run, result in runs.items():
         out = result.stdout
