@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Iterable
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 K3S_SOCKET = "/run/k3s/containerd/containerd.sock"
 K0S_SOCKET = "/run/k0s/containerd.sock"
@@ -31,6 +32,10 @@ K0S_CONFIG = "/etc/k0s/containerd.toml"
 K0S_MARKER = "# k0s_managed=true"
 K0S_DROPINS = "/etc/k0s/containerd.d"
 NODEADM_DROPINS = "/etc/eks/nodeadm.d"
+# Where k3s and RKE2 look for the toolkit's runtime; finding it, they add the nvidia runtimes themselves.
+TOOLKIT_RUNTIMES = ("/usr/local/nvidia/toolkit/nvidia-container-runtime", "/usr/bin/nvidia-container-runtime")
+RANCHER = ("k3s", "rke2")
+_RUNTIME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 def rancher_config(program: str) -> str:
@@ -60,6 +65,9 @@ class ContainerdPlatformInfo(TypedDict):
     name: str | None  # "k3s", "rke2", "k0s" or "eks-nodeadm"; None: containerd is the node's own
     evidence: list[str]  # what was found of that platform (and of any other one), one item each
     k0s_managed: bool | None  # k0s only: /etc/k0s/containerd.toml starts with "# k0s_managed=true"
+    unit: str | None  # the platform's unit that runs containerd (one with a containerd process first)
+    toolkit: str | None  # k3s and RKE2: the nvidia-container-runtime they find (TOOLKIT_RUNTIMES)
+    runtimes: list[str]  # k3s and RKE2: the CRI runtimes their generated config defines
 
 
 def _first_line(encoded: str) -> str:
@@ -80,7 +88,9 @@ def owning_platform(lines: Iterable[str]) -> ContainerdPlatformInfo:
     """
     The platform that owns containerd, from the evidence lines ``facts/shell/containerd-platform.sh``
     prints: ``file PATH FIRST_LINE_BASE64``, ``dir PATH``, ``unit NAME PATH``, ``socket PATH``,
-    ``binary PATH``, ``process PID UNIT``. Paths and units not in this module's tables are ignored.
+    ``binary PATH``, ``process PID UNIT``, ``toolkit PATH`` and ``runtimes PATH NAME...`` (the CRI
+    runtimes a generated config defines). Paths and units not in this module's tables are ignored,
+    and so are runtime names that are not plain names.
     The first of k3s, RKE2, k0s, EKS nodeadm with any evidence wins; ``evidence`` lists every
     platform's. ``/run/k3s/containerd/containerd.sock`` (shared by k3s and RKE2) counts for RKE2
     where anything else points to it, else for k3s.
@@ -88,9 +98,18 @@ def owning_platform(lines: Iterable[str]) -> ContainerdPlatformInfo:
     found: dict[str, list[str]] = {platform: [] for platform in ORDER}
     rancher_socket = False
     k0s_managed: bool | None = None
+    units: list[tuple[bool, str]] = []  # (no containerd process in it, unit)
+    toolkit: str | None = None
+    runtimes: dict[str, list[str]] = {}
     for line in lines:
         kind, _, rest = line.strip().partition(" ")
         path, _, detail = rest.partition(" ")
+        if kind == "toolkit" and path in TOOLKIT_RUNTIMES:
+            toolkit = toolkit or path
+        elif kind == "runtimes":
+            runtimes[path] = [name for name in detail.split() if _RUNTIME_NAME.fullmatch(name)]
+        elif kind in ("unit", "process"):
+            units.append((kind == "unit", path if kind == "unit" else detail))
         for platform in ORDER:
             if kind == "file" and GENERATED.get(platform) == path:
                 first = _first_line(detail)
@@ -115,13 +134,53 @@ def owning_platform(lines: Iterable[str]) -> ContainerdPlatformInfo:
     owners = [platform for platform in ORDER if found[platform]]
     evidence = [f"{NAMES[platform]}: {item}" for platform in owners for item in found[platform]]
     name = owners[0] if owners else None
-    return {"name": name, "evidence": evidence, "k0s_managed": k0s_managed if name == "k0s" else None}
+    mine = sorted(units) if name else []
+    rancher = name in RANCHER
+    return {
+        "name": name,
+        "evidence": evidence,
+        "k0s_managed": k0s_managed if name == "k0s" else None,
+        "unit": next((unit for _, unit in mine if name and unit in UNITS[name]), None),
+        "toolkit": toolkit if rancher else None,
+        "runtimes": runtimes.get(rancher_config(name), []) if name and rancher else [],
+    }
+
+
+def rancher_nvidia(info: ContainerdPlatformInfo | None) -> Literal["present", "restart"] | None:
+    """
+    Where k3s or RKE2 owns containerd and finds the toolkit's ``nvidia-container-runtime``, so adds
+    the nvidia runtime itself: ``"present"`` when its generated config defines ``nvidia``,
+    ``"restart"`` when it does not yet (the unit was not restarted since the toolkit came) and the
+    unit to restart is known; ``None`` otherwise (another platform, no toolkit, no unit).
+    """
+    if not info or info["name"] not in RANCHER or not info["toolkit"]:
+        return None
+    if "nvidia" in info["runtimes"]:
+        return "present"
+    return "restart" if info["unit"] else None
+
+
+def rancher_note(info: ContainerdPlatformInfo) -> str:
+    """What the containerd step says on a k3s or RKE2 node whose generated config has nvidia."""
+    name = info["name"] or ""
+    return f"{NAMES[name]} adds the nvidia runtime itself: found in {rancher_config(name)}"
+
+
+def rancher_restart_reason(info: ContainerdPlatformInfo) -> str:
+    """Why a k3s or RKE2 node's unit must be restarted (``rancher_nvidia`` says ``"restart"``)."""
+    name = info["name"] or ""
+    return (
+        f"{info['unit']} must be restarted, the kubelet with it: {NAMES[name]} adds the nvidia runtime "
+        f"itself at its start, and it finds {info['toolkit']}, but {rancher_config(name)} has no nvidia "
+        "runtime yet"
+    )
 
 
 def refusal(info: ContainerdPlatformInfo | None) -> str | None:
     """Why gpunode changes nothing on a node whose containerd ``info``'s platform owns, and what to do
-    instead; ``None`` when no platform owns it."""
-    if not info or not info["name"]:
+    instead; ``None`` when no platform owns it, or k3s or RKE2 add the nvidia runtime themselves
+    (``rancher_nvidia``)."""
+    if not info or not info["name"] or rancher_nvidia(info):
         return None
     name = info["name"]
     found = f" (found: {'; '.join(info['evidence'])})"
@@ -157,10 +216,10 @@ def refusal(info: ContainerdPlatformInfo | None) -> str | None:
     return (
         f"{label} owns containerd here: it runs containerd inside its unit ({', '.join(UNITS[name])}) on "
         f"{K3S_SOCKET} and rewrites {config} at every start, so gpunode neither edits it nor restarts "
-        f"containerd.service; gpunode does not configure {label}'s containerd yet: {label} adds the nvidia "
-        "runtimes itself when it finds nvidia-container-runtime in /usr/local/nvidia/toolkit or /usr/bin "
-        f"(install the NVIDIA Container Toolkit, then restart the {label} unit: the kubelet restarts with "
-        f"it); other settings go in a drop-in in {directory}/config-v3.toml.d/ (containerd 2.x; config.toml.d/ "
+        f"containerd.service; {label} adds the nvidia runtimes itself when it finds nvidia-container-runtime "
+        "in /usr/local/nvidia/toolkit or /usr/bin, and neither is there (install the NVIDIA Container Toolkit "
+        f"and run gpunode again: it restarts the {label} unit in the node's turn, and the kubelet restarts "
+        f"with it); other settings go in a drop-in in {directory}/config-v3.toml.d/ (containerd 2.x; config.toml.d/ "
         "for 1.x) "
         "where your release imports one, else in config-v3.toml.tmpl (config.toml.tmpl for 1.x) starting "
         '{{ template "base" . }}' + untouched

@@ -48,6 +48,7 @@ from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import facts_unchanged, node_fact
+from pyinfra_gpunode.platform import ContainerdPlatformInfo, rancher_note, rancher_nvidia, rancher_restart_reason
 from pyinfra_gpunode.platform import refusal as platform_refusal
 from pyinfra_gpunode.redaction import redacted
 
@@ -76,6 +77,9 @@ class Registration:
     restart_reason: str | None = None  # why the running daemon must be restarted (``restart_reason``)
     # Why the node's config as it is now would not start the CRI plugin (``cri_start_problem``).
     current_cri_problem: str | None = None
+    # k3s or RKE2, which add the nvidia runtime themselves: nothing is written, their unit restarted.
+    platform: ContainerdPlatformInfo | None = None
+    note: str | None = None  # what the step says when it has nothing to write
 
     @property
     def restart_pending(self) -> bool:
@@ -119,6 +123,8 @@ def registration(
     owned = platform_refusal(node.get("platform"))  # k3s, RKE2, k0s, EKS nodeadm: their config, not ours
     if owned:
         return Registration(owned)
+    if rancher_nvidia(node.get("platform")):
+        return _rancher_registration(node["platform"])
     version, files, before = node["version"], node["files"], node["dump"]
     if not version:
         return Registration(
@@ -247,6 +253,14 @@ def registration(
     return found
 
 
+def _rancher_registration(info: ContainerdPlatformInfo) -> Registration:
+    """k3s or RKE2 add the nvidia runtime themselves: nothing to write; their unit restarted where
+    their generated config lacks it yet."""
+    if rancher_nvidia(info) == "present":
+        return Registration(platform=info, note=rancher_note(info))
+    return Registration(platform=info, restart_reason=rancher_restart_reason(info))
+
+
 @operation()
 @locked_before_changes
 def nvidia_runtime(
@@ -300,6 +314,11 @@ def nvidia_runtime(
     first with ``config_backed_up`` (the rollout does, at each node's turn). containerd is not
     restarted: a restart is pending until it is (see ``ContainerdService``).
 
+    On a k3s or RKE2 node whose agent finds the toolkit's ``nvidia-container-runtime`` (and so adds
+    the nvidia runtime itself) nothing is written, and the step says where the runtime was found;
+    while the generated config lacks it, the rollout restarts the agent's unit instead
+    (``platform.unit_restarted``).
+
     **Example:**
 
     .. code:: python
@@ -319,7 +338,9 @@ def nvidia_runtime(
         yield fail(found.problem)
         return
     if not found.writes:
-        host.noop("containerd runtime nvidia is registered")
+        if found.note and state.is_executing:  # k3s or RKE2 adding nvidia themselves
+            logger.info("%s%s", host.print_prefix, found.note)
+        host.noop(found.note or "containerd runtime nvidia is registered")
         return
     for path, text in found.writes.items():
         user, _, group = found.owners.get(path, "root:root").partition(":")

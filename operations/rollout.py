@@ -18,7 +18,7 @@ from pyinfra.facts.server import Hostname
 from pyinfra_gpunode.hook_process import hook_failure, run_hook
 from pyinfra_gpunode.hooks import hook_argv, hook_environment, node_name_problem, placeholders
 from pyinfra_gpunode.log import logger
-from pyinfra_gpunode.operations import _lock, containerd
+from pyinfra_gpunode.operations import _lock, containerd, platform
 from pyinfra_gpunode.operations._atomic import fail
 from pyinfra_gpunode.operations._internals import (
     changed_operations,
@@ -166,14 +166,15 @@ def _takes_turns(settings: NodeSettings) -> bool:
 def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
     found = containerd.registration(**settings["runtime"])
     rolling = settings["restart"] == "rolling"
-    unit = unit_problem(found.service) if rolling and found.installed and not found.problem else None
-    unit = unit or _cri_refusal(found, settings)
+    unit = _unit_problem(found, settings) or _cri_refusal(found, settings)
     changes = turn_changes(settings["driver"], found.writes, found.restart_reason if rolling else None)
     hostname, refused = _hook_hostname(host, settings) if _takes_turns(settings) and changes else ("", None)
     if found.problem or unit or refused:
         logger.warning("%splan: %s", host.print_prefix, found.problem or unit or refused)
     elif not changes and not found.writes:
-        host.noop("containerd runs the nvidia runtime config; nothing disruptive to do")
+        if found.note:  # k3s or RKE2 adding nvidia themselves: the plan says so
+            logger.info("%splan: %s", host.print_prefix, found.note)
+        host.noop(found.note or "containerd runs the nvidia runtime config; nothing disruptive to do")
         return
     else:
         hooks = _plan_hooks(settings, hostname) if _takes_turns(settings) and changes else []
@@ -182,6 +183,8 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
         if found.writes:
             then = "then restart containerd and verify" if rolling else "no restart (gpunode_containerd_restart: none)"
             logger.info("%splan: write %s, %s\n%s", host.print_prefix, ", ".join(found.writes), then, found.diff())
+        elif rolling and found.restart_pending and found.platform:
+            logger.info("%splan: %s; restart it and verify", host.print_prefix, found.restart_reason)
         elif rolling and found.restart_pending:
             logger.info("%splan: restart containerd (%s) and verify", host.print_prefix, found.restart_reason)
         for line in hooks[1:]:
@@ -245,6 +248,8 @@ def _conduct(state: State, order: list[str], nodes: Mapping[str, NodeSettings]) 
             outcomes[node.name] = f"failed: {unit}"
         elif not _turn_needed(found, mine):
             outcomes[node.name] = "unchanged"
+            if found.note:  # k3s or RKE2 adding nvidia themselves
+                logger.info("%s%s", node.print_prefix, found.note)
         else:
             outcomes[node.name] = _turn(state, node, mine, found)
         if not outcomes[node.name].startswith(("unchanged", "halted")):
@@ -255,9 +260,11 @@ def _conduct(state: State, order: list[str], nodes: Mapping[str, NodeSettings]) 
 
 
 def _unit_problem(found: containerd.Registration, settings: NodeSettings) -> str | None:
-    """Why the node's containerd cannot be restarted and verified here (only where it restarts)."""
+    """Why the node's containerd cannot be restarted and verified here (only where it restarts; a k3s or
+    RKE2 node restarts its own unit instead)."""
     rolling = settings["restart"] == "rolling"
-    return unit_problem(found.service) if rolling and found.installed and not found.problem else None
+    owned = found.platform is not None
+    return unit_problem(found.service) if rolling and found.installed and not found.problem and not owned else None
 
 
 def _cri_refusal(found: containerd.Registration, settings: NodeSettings) -> str | None:
@@ -340,7 +347,11 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
                 containerd.config_backed_up(name="containerd: config backed up", path=backup)
             written = containerd.nvidia_runtime(name="containerd: nvidia runtime registered", **settings["runtime"])
             restarted = (
-                containerd.restarted_if_pending(
+                platform.unit_restarted(
+                    name="containerd: platform unit restarted and verified", timeout=settings["timeout"]
+                )
+                if rolling and found.platform
+                else containerd.restarted_if_pending(
                     name="containerd: restarted and verified",
                     timeout=settings["timeout"],
                     backup=backup if written.did_change() else None,

@@ -4,6 +4,8 @@
 #   file PATH FIRST_LINE_BASE64   a config the platform generates, with its first non-blank line
 #   dir PATH | unit NAME PATH | socket PATH | binary PATH
 #   process PID UNIT              every containerd process and the systemd unit it runs in
+#   toolkit PATH                  the toolkit's runtime where k3s and RKE2 look for it
+#   runtimes PATH NAME...         the CRI runtimes the config k3s or RKE2 generated defines
 # Reads only. Usage: sh -c "$script" gpunode-containerd-platform
 # Exit status: 0.
 for f in /var/lib/rancher/k3s/agent/etc/containerd/config.toml \
@@ -11,6 +13,17 @@ for f in /var/lib/rancher/k3s/agent/etc/containerd/config.toml \
     if [ -f "$f" ] && [ -r "$f" ]; then
         printf 'file %s %s\n' "$f" "$(grep -m 1 -v '^[[:space:]]*$' "$f" | head -c 200 | base64 -w0)"
     fi
+done
+runtime_table="^[[:space:]]*\\[plugins\\.[\"'](io\\.containerd\\.grpc\\.v1\\.cri|io\\.containerd\\.cri\\.v1\\.runtime)[\"']"
+for f in /var/lib/rancher/k3s/agent/etc/containerd/config.toml /var/lib/rancher/rke2/agent/etc/containerd/config.toml; do
+    if [ -f "$f" ] && [ -r "$f" ]; then
+        names=$(sed -nE "s/$runtime_table\\.containerd\\.runtimes\\.('([A-Za-z0-9_.-]+)'|\"([A-Za-z0-9_.-]+)\"|([A-Za-z0-9_-]+))\\][[:space:]]*\$/\\3\\4\\5/p" "$f" |
+            head -n 64 | tr '\n' ' ')
+        printf 'runtimes %s %s\n' "$f" "$names"
+    fi
+done
+for t in /usr/local/nvidia/toolkit/nvidia-container-runtime /usr/bin/nvidia-container-runtime; do
+    if [ -f "$t" ] && [ -x "$t" ]; then printf 'toolkit %s\n' "$t"; fi
 done
 if [ -d /etc/eks/nodeadm.d ]; then echo "dir /etc/eks/nodeadm.d"; fi
 for u in k3s k3s-agent rke2-server rke2-agent k0sworker k0scontroller k0s nodeadm-config nodeadm-run; do

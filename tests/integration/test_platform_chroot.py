@@ -24,6 +24,7 @@ from tests.fleet.plugin import require_fleet
 from tests.fleet.roots import RootRecipe, ensure_root, planted_copies
 from tests.integration.gpu_state import write
 from tests.integration.test_gpu_node_chroot import pyinfra
+from tests.realbin.debian import containerd_binary
 
 RUNTIME_DEPLOY = "deploys/containerd_runtime.py"
 pytestmark = pytest.mark.fleet
@@ -199,3 +200,102 @@ def test_platform_nodes_are_refused_and_nothing_is_written(roots: dict[str, Path
     assert (roots["plain"] / "etc/containerd/gpunode/nvidia-runtime.toml").is_file()  # the plain node went on
     eks_refusal = next(line for line in runs["runtime, rolling"].stdout.splitlines() if "EKS nodeadm owns" in line)
     assert "set the nvidia runtime in the NodeConfig's spec.containerd.config" in eks_refusal
+
+
+# What the k3s agent appends to the generated v3 config for each runtime it finds (k3s-io/k3s
+# pkg/agent/templates/templates_linux.go, ExtraRuntimes; nvidia-container-runtime in /usr/bin).
+RANCHER_NVIDIA_V3 = """
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.'nvidia']
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.'nvidia'.options]
+  BinaryName = "/usr/bin/nvidia-container-runtime"
+  SystemdCgroup = true
+"""
+
+
+def toolkit(root: Path) -> None:
+    write(root, "/usr/bin/nvidia-container-runtime", "#!/bin/sh\nexit 0\n", mode=0o755)
+
+
+def k3s_with_nvidia(root: Path) -> None:
+    k3s(root)
+    toolkit(root)
+    with (root / "var/lib/rancher/k3s/agent/etc/containerd/config.toml").open("a") as config:
+        config.write(RANCHER_NVIDIA_V3)
+
+
+def rke2_with_nvidia(root: Path) -> None:
+    rke2(root)
+    toolkit(root)
+    with (root / "var/lib/rancher/rke2/agent/etc/containerd/config.toml").open("a") as config:
+        config.write(RANCHER_NVIDIA_V3)
+
+
+def k3s_not_restarted(root: Path) -> None:
+    """The toolkit installed after k3s last started: its generated config has no nvidia yet."""
+    k3s(root)
+    toolkit(root)
+
+
+@pytest.fixture
+def rancher_roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
+    recipes = {"k3s": k3s_with_nvidia, "rke2": rke2_with_nvidia, "k3s-not-restarted": k3s_not_restarted}
+    with planted_copies(lower, tmp_path, recipes) as copies:
+        yield copies
+
+
+def dumped(config: Path) -> str:
+    """Debian's containerd 2.1 (real binary; the generated config is version 3) dumping ``config``."""
+    done = subprocess.run(
+        [str(containerd_binary("2.1.9")), "--config", str(config), "config", "dump"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_k3s_and_rke2_that_add_nvidia_themselves_are_not_refused_and_nothing_is_written(
+    rancher_roots: dict[str, Path],
+) -> None:
+    adding = {name: rancher_roots[name] for name in ("k3s", "rke2")}
+    for name, root in adding.items():
+        dump = dumped(root / f"var/lib/rancher/{name}/agent/etc/containerd/config.toml")
+        assert re.search(
+            r"runtimes\.nvidia\.options\]\n(.*\n)*?\s*BinaryName = .?/usr/bin/nvidia-container-runtime", dump
+        )
+    before = {name: digest(root) for name, root in adding.items()}
+    hosts = list(adding.values())
+    runs = {
+        "gpu_node dry run": pyinfra(hosts, "--dry"),
+        "runtime, rolling": pyinfra(hosts, "-y", deploy=RUNTIME_DEPLOY),
+        "runtime, files only": pyinfra(hosts, "-y", "--data", "gpunode_containerd_restart=none", deploy=RUNTIME_DEPLOY),
+    }
+    for run, result in runs.items():
+        out = result.stdout
+        assert "Traceback" not in out and result.returncode == 0, f"{run}\n{out}"
+        assert "owns containerd" not in out, f"{run}\n{out}"
+        for name in adding:
+            label = {"k3s": "k3s", "rke2": "RKE2"}[name]
+            note = f"{label} adds the nvidia runtime itself: found in /var/lib/rancher/{name}/agent/etc/containerd/"
+            assert note in out, f"{run}: {name}\n{out}"
+    assert {name: digest(root) for name, root in adding.items()} == before
+    for root in hosts:
+        assert not (root / "etc/containerd/gpunode").exists()
+
+
+def test_k3s_without_nvidia_in_its_generated_config_plans_a_restart_of_its_unit(
+    rancher_roots: dict[str, Path],
+) -> None:
+    root = rancher_roots["k3s-not-restarted"]
+    before = digest(root)
+    result = pyinfra([root], "--dry", deploy=RUNTIME_DEPLOY)
+    out = result.stdout
+    assert "Traceback" not in out and result.returncode == 0, out
+    assert "owns containerd" not in out and "containerd.service" not in out, out
+    reason = (
+        "k3s-agent.service must be restarted, the kubelet with it: k3s adds the nvidia runtime itself at its "
+        "start, and it finds /usr/bin/nvidia-container-runtime, but "
+        "/var/lib/rancher/k3s/agent/etc/containerd/config.toml has no nvidia runtime yet; restart it and verify"
+    )
+    assert said(out, root, reason), out
+    assert digest(root) == before

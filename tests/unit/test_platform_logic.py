@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from pyinfra_gpunode.facts.containerd import ContainerdNodeState
-from pyinfra_gpunode.platform import owning_platform, refusal
+from pyinfra_gpunode.platform import owning_platform, rancher_note, rancher_nvidia, rancher_restart_reason, refusal
 
 # First lines as the platforms write them: k3s-io/k3s pkg/agent/templates/templates_linux.go (RKE2 runs
 # the same agent as program "rke2"; containerd 2.x releases name config-v3.toml.tmpl), k0sproject/k0s
@@ -26,7 +26,14 @@ RKE2_CONFIG = "/var/lib/rancher/rke2/agent/etc/containerd/config.toml"
 
 
 def test_a_node_without_a_platform_is_its_own() -> None:
-    assert owning_platform([]) == {"name": None, "evidence": [], "k0s_managed": None}
+    assert owning_platform([]) == {
+        "name": None,
+        "evidence": [],
+        "k0s_managed": None,
+        "unit": None,
+        "toolkit": None,
+        "runtimes": [],
+    }
     assert refusal(owning_platform([])) is None
     assert refusal(None) is None
     # A config at a platform's path that the platform did not generate, and units of other names.
@@ -75,6 +82,9 @@ def test_k0s_config_without_its_marker_is_user_managed() -> None:
         "name": "k0s",
         "evidence": ["k0s: /etc/k0s/containerd.toml (first line 'version = 3')"],
         "k0s_managed": False,
+        "unit": None,
+        "toolkit": None,
+        "runtimes": [],
     }
     assert "is not k0s-managed" in (refusal(taken_over) or "")
 
@@ -104,3 +114,48 @@ def test_node_state_carries_the_platform() -> None:
     lines = ["@@platform", "unit k3s.service /etc/systemd/system/k3s.service"]
     assert ContainerdNodeState().process(lines)["platform"]["name"] == "k3s"
     assert ContainerdNodeState().process([])["platform"]["name"] is None
+
+
+K3S_UNIT = "unit k3s-agent.service /etc/systemd/system/k3s-agent.service"
+
+
+def test_k3s_and_rke2_adding_nvidia_themselves_are_not_refused() -> None:
+    lines = [first(K3S_CONFIG, K3S_FIRST), K3S_UNIT, "toolkit /usr/bin/nvidia-container-runtime"]
+    present = owning_platform([*lines, f"runtimes {K3S_CONFIG} runc nvidia nvidia-cdi"])
+    assert rancher_nvidia(present) == "present" and refusal(present) is None
+    assert rancher_note(present) == f"k3s adds the nvidia runtime itself: found in {K3S_CONFIG}"
+    stale = owning_platform([*lines, f"runtimes {K3S_CONFIG} runc"])
+    assert rancher_nvidia(stale) == "restart" and refusal(stale) is None
+    assert rancher_restart_reason(stale).startswith("k3s-agent.service must be restarted, the kubelet with it")
+    toolkit = "toolkit /usr/local/nvidia/toolkit/nvidia-container-runtime"
+    rke2 = owning_platform([first(RKE2_CONFIG, RKE2_FIRST), toolkit, f"runtimes {RKE2_CONFIG} nvidia",
+                            "process 9 rke2-agent.service"])  # fmt: skip
+    assert rancher_nvidia(rke2) == "present" and rancher_note(rke2).startswith("RKE2 adds the nvidia runtime")
+
+
+def test_k3s_without_the_toolkit_or_its_unit_stays_refused() -> None:
+    no_toolkit = owning_platform([first(K3S_CONFIG, K3S_FIRST), K3S_UNIT, f"runtimes {K3S_CONFIG} nvidia"])
+    assert rancher_nvidia(no_toolkit) is None and "neither is there" in (refusal(no_toolkit) or "")
+    no_unit = owning_platform([first(K3S_CONFIG, K3S_FIRST), "toolkit /usr/bin/nvidia-container-runtime"])
+    assert rancher_nvidia(no_unit) is None and refusal(no_unit)
+    # Toolkits elsewhere, runtimes of another file, and k0s/EKS nodes do not count.
+    elsewhere = [first(K3S_CONFIG, K3S_FIRST), K3S_UNIT, "toolkit /tmp/nvidia-container-runtime"]
+    assert rancher_nvidia(owning_platform([*elsewhere, f"runtimes {K3S_CONFIG} nvidia"])) is None
+    other = [first(K3S_CONFIG, K3S_FIRST), K3S_UNIT, "toolkit /usr/bin/nvidia-container-runtime"]
+    assert rancher_nvidia(owning_platform([*other, f"runtimes {RKE2_CONFIG} nvidia"])) == "restart"
+    k0s = owning_platform([first("/etc/k0s/containerd.toml", K0S_FIRST), "toolkit /usr/bin/nvidia-container-runtime"])
+    assert rancher_nvidia(k0s) is None and refusal(k0s)
+
+
+def test_the_unit_running_containerd_is_named_first_and_odd_runtime_names_are_dropped() -> None:
+    found = owning_platform(
+        [
+            "unit k3s.service /etc/systemd/system/k3s.service",
+            "unit k3s-agent.service /etc/systemd/system/k3s-agent.service",
+            "process 77 k3s-agent.service",
+            "unit containerd.service /lib/systemd/system/containerd.service",
+            f"runtimes {K3S_CONFIG} runc nvidia$(reboot) \x1b[2J ../x nvidia",
+        ]
+    )
+    assert found["unit"] == "k3s-agent.service"
+    assert found["runtimes"] == ["runc", "nvidia"]
