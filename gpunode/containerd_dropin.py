@@ -50,6 +50,24 @@ FILLED_IN = {"runtime_type": RUNC_V2, "sandbox_mode": "podsandbox"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 OUR_DROPIN = "/etc/containerd/gpunode/nvidia-runtime.toml"
 PROVENANCE = "# carried-from "
+ACCOUNT = "#   "  # the header's account lines: what the planner decided and why, in words
+
+
+def same_meaning(path: str, current: str | None, planned: str) -> bool:
+    """Whether the file at ``path`` already says what ``planned`` says: the same text, or for our drop-in
+    the same text but for its account lines (a new wording of the account is no reason to rewrite the
+    file and restart containerd; keys, values and ``# carried-from`` lines still count)."""
+    if current == planned:
+        return True
+    if current is None or path != OUR_DROPIN:
+        return False
+
+    def meaning(text: str) -> list[str]:
+        return [line for line in text.splitlines() if not line.startswith(ACCOUNT)]
+
+    return meaning(current) == meaning(planned)
+
+
 _EARLIER = re.compile(r"^#   kept CRI keys of (/.*?): (\S.*)$")
 PROVENANCE_HEAD = "# The file each carried CRI key came from (read back by the next run; keep each line intact):"
 

@@ -14,7 +14,7 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 from pyinfra.facts.files import File
 
 from pyinfra_gpunode import shell
-from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, plan, staged_imports
+from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, plan, same_meaning, staged_imports
 from pyinfra_gpunode.containerd_dump import (
     CriLoaded,
     candidate_losses,
@@ -181,7 +181,8 @@ def registration(
     writes = {
         path: text
         for path, text in ((result.config_path, result.config_text), (OUR_DROPIN, result.dropin_text))
-        if files["texts"].get(path) != text or files["modes"].get(path, modes[path]) != modes[path]
+        if not same_meaning(path, files["texts"].get(path), text)
+        or files["modes"].get(path, modes[path]) != modes[path]
     }
     current = {path: files["texts"][path] for path in writes if path in files["texts"]}
     if not writes:

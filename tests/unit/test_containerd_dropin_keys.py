@@ -297,3 +297,20 @@ def test_a_dropin_newer_than_the_root_is_refused_on_23() -> None:
         f"{CONFD}/99-nvidia.toml: key 'version' = 4 is higher than {MAIN}'s version = 2; "
         "containerd 2.3 refuses to start"
     ]
+
+
+def test_a_new_wording_of_the_account_is_no_reason_to_rewrite_our_dropin() -> None:
+    """A file an earlier version wrote differs only in its account lines: it is not rewritten (and
+    containerd not restarted); a key, a value or a ``# carried-from`` line still counts."""
+    from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, same_meaning
+
+    header = "# Managed by pyinfra-gpunode: the nvidia runtime for containerd's CRI plugin.\n"
+    body = '\nversion = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n  default_runtime_name = "runc"\n'
+    old = header + "#   runtime nvidia: runc's settings\n# carried-from containerd.x /etc/containerd/config.toml\n"
+    new = header + "#   runtime nvidia: copied from runtime runc (the default runtime)\n"
+    new += "# carried-from containerd.x /etc/containerd/config.toml\n"
+    assert same_meaning(OUR_DROPIN, old + body, new + body)
+    assert not same_meaning(OUR_DROPIN, old + body, new + body.replace('"runc"', '"nvidia"'))
+    assert not same_meaning(OUR_DROPIN, old + body, new.replace("config.toml", "conf.d/a.toml") + body)
+    assert not same_meaning(OUR_DROPIN, None, new + body)
+    assert not same_meaning("/etc/containerd/config.toml", old + body, new + body)
