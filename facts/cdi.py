@@ -47,6 +47,20 @@ def _driver_versions(document: Any) -> list[str]:
     return versions
 
 
+def _device_nodes(document: Any) -> list[str]:
+    """Host paths of the spec's device nodes (``hostPath``, else ``path``), spec-wide then per device, once each."""
+    edits = [document.get("containerEdits")]
+    edits += [device.get("containerEdits") for device in document.get("devices", []) if isinstance(device, dict)]
+    nodes: list[str] = []
+    for edit in edits:
+        found = edit.get("deviceNodes") if isinstance(edit, dict) else None
+        for node in found if isinstance(found, list) else []:
+            path = (node.get("hostPath") or node.get("path")) if isinstance(node, dict) else None
+            if isinstance(path, str) and path not in nodes:
+                nodes.append(path)
+    return nodes
+
+
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -163,6 +177,7 @@ class CdiSpec(TypedDict):
     devices: list[str]
     driver_version: str | None
     driver_versions: list[str]
+    device_nodes: list[str]
     device_plugin: bool
     mtime: int | None
     error: str | None
@@ -187,10 +202,17 @@ def _summary(path: str, mtime: int | None, document: dict[str, Any], error: str 
         "devices": [str(device["name"]) for device in document.get("devices", [])],
         "driver_version": versions[0] if versions else None,
         "driver_versions": versions,
+        "device_nodes": _device_nodes(document),
         "device_plugin": path.rsplit("/", 1)[-1] == DEVICE_PLUGIN_SPEC,
         "mtime": mtime,
         "error": error,
     }
+
+
+def spec_dirs(dirs: list[str] | None) -> list[str]:
+    """The directories read: ``/etc/cdi``, ``/var/run/cdi``, then any others of ``dirs`` (containerd's
+    ``cdi_spec_dirs``), each once."""
+    return list(dict.fromkeys([*SPEC_DIRS, *(dirs or [])]))
 
 
 def missing_devices(spec: CdiSpec, gpu_count: int) -> list[str]:
@@ -201,15 +223,19 @@ def missing_devices(spec: CdiSpec, gpu_count: int) -> list[str]:
 
 class CdiSpecs(FactBase[list[CdiSpec]]):
     """
-    Returns every CDI spec in ``/etc/cdi`` and ``/var/run/cdi`` (``.yaml`` and ``.json``), parsed
+    Returns every CDI spec in ``/etc/cdi``, ``/var/run/cdi`` and the other ``dirs`` given
+    (``.yaml`` and ``.json``), parsed
     as YAML (JSON is YAML) on the controller: path, ``cdiVersion``, kind, device names in file
     order, the driver version of its ``libnvidia-ml.so.<version>`` host paths (else of
-    ``--host-driver-version=``), whether it is the NVIDIA device plugin's own spec
+    ``--host-driver-version=``; ``driver_versions``: every version it names), the host paths of
+    its device nodes, whether it is the NVIDIA device plugin's own spec
     (``k8s.device-plugin.nvidia.com-gpu.json``), the modification time (epoch seconds), and
     ``error`` naming the file when it does not parse as a CDI spec. Parsing is bounded
     (``YamlLimits``: 4 MiB, collections 64 deep, 100 aliases, a million nodes with aliases
     expanded, 10 seconds); a spec beyond a limit is an ``error`` naming the file and the limit,
     and a file over 4 MiB is not read from the node at all.
+
+    + dirs: further spec directories to read (containerd's ``cdi_spec_dirs``)
 
     .. code:: python
 
@@ -221,6 +247,7 @@ class CdiSpecs(FactBase[list[CdiSpec]]):
                 "devices": ["0", "GPU-3eb87630-93d5-b2b6-b8ff-9b359caf4ee2", "all"],
                 "driver_version": "550.163.01",
                 "driver_versions": ["550.163.01"],
+                "device_nodes": ["/dev/nvidiactl", "/dev/nvidia0"],
                 "device_plugin": False,
                 "mtime": 1760000000,
                 "error": None,
@@ -229,8 +256,10 @@ class CdiSpecs(FactBase[list[CdiSpec]]):
     """
 
     @override
-    def command(self) -> str:
-        return shell.command(_READ_SPECS, "gpunode-cdi-specs", MARKER, TOO_LARGE, str(LIMITS.max_bytes), *SPEC_DIRS)
+    def command(self, dirs: list[str] | None = None) -> str:
+        return shell.command(
+            _READ_SPECS, "gpunode-cdi-specs", MARKER, TOO_LARGE, str(LIMITS.max_bytes), *spec_dirs(dirs)
+        )
 
     @staticmethod
     def default() -> list[CdiSpec]:
