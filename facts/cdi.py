@@ -288,3 +288,53 @@ def _printed_spec(path: str, mtime: int | None, body: list[str]) -> CdiSpec:
         error = f"{path} is refused unread: {size} bytes, more than the limit of {LIMITS.max_bytes} bytes"
         return _summary(path, mtime, {}, error)
     return parse_spec(path, mtime, "\n".join(body))
+
+
+REFRESH_SERVICE = "nvidia-cdi-refresh.service"
+REFRESH_DROPIN = "/etc/systemd/system/nvidia-cdi-refresh.service.d/gpunode.conf"
+# Toolkit 1.18 and 1.19 install the units in /etc/systemd/system, 1.20 in /lib/systemd/system.
+UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
+_READ_REFRESH = shell.script(Path(__file__).parent / "shell" / "cdi-refresh-units.sh")
+
+
+class CdiRefreshInfo(TypedDict):
+    """``CdiRefreshUnits``' value."""
+
+    units: list[str]
+    dropin: str | None
+
+
+class CdiRefreshUnits(FactBase[CdiRefreshInfo]):
+    """
+    Returns where the NVIDIA Container Toolkit's CDI refresh units (``nvidia-cdi-refresh.service``
+    and ``.path``, toolkit 1.18 and later) are installed, and the text of this project's drop-in
+    for the service (None when absent).
+
+    .. code:: python
+
+        {
+            "units": ["/etc/systemd/system/nvidia-cdi-refresh.service",
+                      "/etc/systemd/system/nvidia-cdi-refresh.path"],
+            "dropin": "[Unit]\\nStartLimitIntervalSec=0\\n",
+        }
+    """
+
+    @override
+    def command(self) -> str:
+        return shell.command(_READ_REFRESH, "gpunode-cdi-refresh-units", REFRESH_DROPIN, *UNIT_DIRS)
+
+    @staticmethod
+    def default() -> CdiRefreshInfo:
+        return {"units": [], "dropin": None}
+
+    @override
+    def process(self, output: list[str]) -> CdiRefreshInfo:
+        units = [line.removeprefix("unit ") for line in output if line.startswith("unit /")]
+        dropin = output.index("dropin") if "dropin" in output else None
+        text = None if dropin is None else "".join(f"{line}\n" for line in output[dropin + 1 :])
+        return {"units": units, "dropin": text}
+
+
+def refresh_installed(info: CdiRefreshInfo) -> bool:
+    """Whether the refresh service's unit is on the node (the ``.path`` unit alone does not run it)."""
+    return any(unit.endswith(f"/{REFRESH_SERVICE}") for unit in info["units"])
