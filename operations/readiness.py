@@ -45,7 +45,9 @@ def reported(
       checked too (containerd's ``cdi_spec_dirs``)
 
     The report reads the same with and without ``--dry``; a node that is not ready fails when the
-    operations run (``-y``), so the exit status is non-zero.
+    operations run (``-y``), so the exit status is non-zero. The JSON file (schema 1) lists every
+    node's state and a ``failures`` entry for each node not ready or not read (one that failed
+    before its read); ``python -m pyinfra_gpunode.readiness_status FILE`` exits 0, 1 or 2 from it.
 
     **Example:**
 

@@ -120,13 +120,16 @@ def test_refresh_service_gets_no_start_limit_once(root: Path, caplog: pytest.Log
     assert "nvidia-cdi-refresh.service has no start limit" in caplog.text
 
 
+@pytest.mark.parametrize("stale", [False, True], ids=["no_refresh_spec", "stale_refresh_spec"])
 def test_where_the_refresh_service_owns_the_spec_the_project_writes_none(
-    root: Path, caplog: pytest.LogCaptureFixture
+    root: Path, caplog: pytest.LogCaptureFixture, stale: bool
 ) -> None:
     """``auto`` with the service installed: the project's spec is reported as a duplicate and kept, the
-    service is started for its own spec, and a start that writes no spec (a chroot runs no systemd) fails
-    the node naming the service."""
+    service is started for its own spec (missing, or left from another driver), and a start that writes
+    no spec (a chroot runs no systemd) fails the node naming the service."""
     plant_refresh_units(root)
+    if stale:  # through the root's real /run: its /var/run is an absolute link
+        write(root, "/run/cdi/nvidia.yaml", cdi_spec("550.144.03"))
     write(root, f"/{SPEC}", cdi_spec())  # the project's spec from before the toolkit upgrade
     caplog.set_level(logging.INFO)
     state = spec_op(root, execute=True, owner="auto")
@@ -136,4 +139,7 @@ def test_where_the_refresh_service_owns_the_spec_the_project_writes_none(
     )
     assert "nvidia-cdi-refresh.service ran but wrote no /var/run/cdi/nvidia.yaml" in caplog.text
     assert (root / SPEC).read_text() == cdi_spec()  # neither rewritten nor deleted
-    assert not (root / "run/cdi/nvidia.yaml").exists()
+    if stale:
+        assert (root / "run/cdi/nvidia.yaml").read_text() == cdi_spec("550.144.03")
+    else:
+        assert not (root / "run/cdi/nvidia.yaml").exists()
