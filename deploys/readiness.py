@@ -2,6 +2,7 @@
 
 pyinfra -y INVENTORY deploys/readiness.py                                   # exits non-zero if a node is not ready
 pyinfra -y INVENTORY deploys/readiness.py --data gpunode_readiness_json=readiness.json
+python -m pyinfra_gpunode.readiness_status readiness.json    # 0 ready, 1 a node not ready, 2 a node not read
 """
 
 from pyinfra_gpunode.readiness_deploy import node_readiness_reported

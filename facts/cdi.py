@@ -47,6 +47,20 @@ def _driver_versions(document: Any) -> list[str]:
     return versions
 
 
+def _device_nodes(document: Any) -> list[str]:
+    """Host paths of the spec's device nodes (``hostPath``, else ``path``), spec-wide then per device, once each."""
+    edits = [document.get("containerEdits")]
+    edits += [device.get("containerEdits") for device in document.get("devices", []) if isinstance(device, dict)]
+    nodes: list[str] = []
+    for edit in edits:
+        found = edit.get("deviceNodes") if isinstance(edit, dict) else None
+        for node in found if isinstance(found, list) else []:
+            path = (node.get("hostPath") or node.get("path")) if isinstance(node, dict) else None
+            if isinstance(path, str) and path not in nodes:
+                nodes.append(path)
+    return nodes
+
+
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -163,6 +177,7 @@ class CdiSpec(TypedDict):
     devices: list[str]
     driver_version: str | None
     driver_versions: list[str]
+    device_nodes: list[str]
     device_plugin: bool
     mtime: int | None
     error: str | None
@@ -187,10 +202,17 @@ def _summary(path: str, mtime: int | None, document: dict[str, Any], error: str 
         "devices": [str(device["name"]) for device in document.get("devices", [])],
         "driver_version": versions[0] if versions else None,
         "driver_versions": versions,
+        "device_nodes": _device_nodes(document),
         "device_plugin": path.rsplit("/", 1)[-1] == DEVICE_PLUGIN_SPEC,
         "mtime": mtime,
         "error": error,
     }
+
+
+def spec_dirs(dirs: list[str] | None) -> list[str]:
+    """The directories read: ``/etc/cdi``, ``/var/run/cdi``, then any others of ``dirs`` (containerd's
+    ``cdi_spec_dirs``), each once."""
+    return list(dict.fromkeys([*SPEC_DIRS, *(dirs or [])]))
 
 
 def missing_devices(spec: CdiSpec, gpu_count: int) -> list[str]:
@@ -201,15 +223,19 @@ def missing_devices(spec: CdiSpec, gpu_count: int) -> list[str]:
 
 class CdiSpecs(FactBase[list[CdiSpec]]):
     """
-    Returns every CDI spec in ``/etc/cdi`` and ``/var/run/cdi`` (``.yaml`` and ``.json``), parsed
+    Returns every CDI spec in ``/etc/cdi``, ``/var/run/cdi`` and the other ``dirs`` given
+    (``.yaml`` and ``.json``), parsed
     as YAML (JSON is YAML) on the controller: path, ``cdiVersion``, kind, device names in file
     order, the driver version of its ``libnvidia-ml.so.<version>`` host paths (else of
-    ``--host-driver-version=``), whether it is the NVIDIA device plugin's own spec
+    ``--host-driver-version=``; ``driver_versions``: every version it names), the host paths of
+    its device nodes, whether it is the NVIDIA device plugin's own spec
     (``k8s.device-plugin.nvidia.com-gpu.json``), the modification time (epoch seconds), and
     ``error`` naming the file when it does not parse as a CDI spec. Parsing is bounded
     (``YamlLimits``: 4 MiB, collections 64 deep, 100 aliases, a million nodes with aliases
     expanded, 10 seconds); a spec beyond a limit is an ``error`` naming the file and the limit,
     and a file over 4 MiB is not read from the node at all.
+
+    + dirs: further spec directories to read (containerd's ``cdi_spec_dirs``)
 
     .. code:: python
 
@@ -221,6 +247,7 @@ class CdiSpecs(FactBase[list[CdiSpec]]):
                 "devices": ["0", "GPU-3eb87630-93d5-b2b6-b8ff-9b359caf4ee2", "all"],
                 "driver_version": "550.163.01",
                 "driver_versions": ["550.163.01"],
+                "device_nodes": ["/dev/nvidiactl", "/dev/nvidia0"],
                 "device_plugin": False,
                 "mtime": 1760000000,
                 "error": None,
@@ -229,8 +256,10 @@ class CdiSpecs(FactBase[list[CdiSpec]]):
     """
 
     @override
-    def command(self) -> str:
-        return shell.command(_READ_SPECS, "gpunode-cdi-specs", MARKER, TOO_LARGE, str(LIMITS.max_bytes), *SPEC_DIRS)
+    def command(self, dirs: list[str] | None = None) -> str:
+        return shell.command(
+            _READ_SPECS, "gpunode-cdi-specs", MARKER, TOO_LARGE, str(LIMITS.max_bytes), *spec_dirs(dirs)
+        )
 
     @staticmethod
     def default() -> list[CdiSpec]:
@@ -259,3 +288,53 @@ def _printed_spec(path: str, mtime: int | None, body: list[str]) -> CdiSpec:
         error = f"{path} is refused unread: {size} bytes, more than the limit of {LIMITS.max_bytes} bytes"
         return _summary(path, mtime, {}, error)
     return parse_spec(path, mtime, "\n".join(body))
+
+
+REFRESH_SERVICE = "nvidia-cdi-refresh.service"
+REFRESH_DROPIN = "/etc/systemd/system/nvidia-cdi-refresh.service.d/gpunode.conf"
+# Toolkit 1.18 and 1.19 install the units in /etc/systemd/system, 1.20 in /lib/systemd/system.
+UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
+_READ_REFRESH = shell.script(Path(__file__).parent / "shell" / "cdi-refresh-units.sh")
+
+
+class CdiRefreshInfo(TypedDict):
+    """``CdiRefreshUnits``' value."""
+
+    units: list[str]
+    dropin: str | None
+
+
+class CdiRefreshUnits(FactBase[CdiRefreshInfo]):
+    """
+    Returns where the NVIDIA Container Toolkit's CDI refresh units (``nvidia-cdi-refresh.service``
+    and ``.path``, toolkit 1.18 and later) are installed, and the text of this project's drop-in
+    for the service (None when absent).
+
+    .. code:: python
+
+        {
+            "units": ["/etc/systemd/system/nvidia-cdi-refresh.service",
+                      "/etc/systemd/system/nvidia-cdi-refresh.path"],
+            "dropin": "[Unit]\\nStartLimitIntervalSec=0\\n",
+        }
+    """
+
+    @override
+    def command(self) -> str:
+        return shell.command(_READ_REFRESH, "gpunode-cdi-refresh-units", REFRESH_DROPIN, *UNIT_DIRS)
+
+    @staticmethod
+    def default() -> CdiRefreshInfo:
+        return {"units": [], "dropin": None}
+
+    @override
+    def process(self, output: list[str]) -> CdiRefreshInfo:
+        units = [line.removeprefix("unit ") for line in output if line.startswith("unit /")]
+        dropin = output.index("dropin") if "dropin" in output else None
+        text = None if dropin is None else "".join(f"{line}\n" for line in output[dropin + 1 :])
+        return {"units": units, "dropin": text}
+
+
+def refresh_installed(info: CdiRefreshInfo) -> bool:
+    """Whether the refresh service's unit is on the node (the ``.path`` unit alone does not run it)."""
+    return any(unit.endswith(f"/{REFRESH_SERVICE}") for unit in info["units"])

@@ -4,7 +4,7 @@ Operator's validation markers and the device plugin socket, and everything else 
 from __future__ import annotations
 
 import re
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from pyinfra.api import FactBase
 from typing_extensions import override
@@ -48,8 +48,14 @@ DEVICE_PLUGIN_SCRIPT = (
     f'for s in {DEVICE_PLUGIN_DIR}/nvidia-*.sock; do if [ -S "$s" ]; then echo "${{s##*/}}"; fi; done; fi'
 )
 
+DEV_NODES_SCRIPT = (
+    "echo dev; for node in /dev/nvidia* /dev/nvidia-caps/* /dev/dri/*; do "
+    'if [ -c "$node" ]; then echo "$node"; fi; done'
+)
+
 READINESS_PARTS = (
     "host", "nvml", "toolkit", "cdi", "containerd", "cri", "xid", "containerd_journal", "validations", "device_plugin",
+    "dev_nodes",
 )  # fmt: skip
 _SIGNAL = re.compile(r"Sent signal (SIG[A-Z0-9+]+) to main process|code=(?:killed|dumped), status=\d+/(\w+)")
 
@@ -83,6 +89,7 @@ class NodeReadinessInfo(TypedDict):
     containerd_journal: ContainerdJournal | None
     validations: list[str] | None
     device_plugin: list[str] | None
+    dev_nodes: NotRequired[list[str] | None]  # character devices under /dev/nvidia*, /dev/dri (None: not read)
 
 
 def parse_xid(lines: list[str]) -> XidInfo:
@@ -119,6 +126,13 @@ def parse_listing(lines: list[str]) -> list[str] | None:
     return sorted(line.strip() for line in lines if line.strip() and line != "dir")
 
 
+def parse_dev_nodes(lines: list[str]) -> list[str] | None:
+    """``dev`` then the device node paths: the paths, sorted; None when the listing was not printed."""
+    if lines[:1] != ["dev"]:
+        return None
+    return sorted(line.strip() for line in lines[1:] if line.strip())
+
+
 class NodeReadiness(FactBase[NodeReadinessInfo]):
     """
     Returns in one command everything the readiness chain reads: ``NvidiaHostState`` (PCI,
@@ -128,9 +142,11 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
     else ``dmesg``; ``source`` None when neither is readable), the signals sent to containerd and
     systemd's automatic restarts of it in the last 24 hours of this boot, the GPU Operator
     validator's markers in ``/run/nvidia/validations`` (None when it has not run) and the NVIDIA
-    device plugin sockets in ``/var/lib/kubelet/device-plugins`` (None without that directory).
+    device plugin sockets in ``/var/lib/kubelet/device-plugins`` (None without that directory),
+    and the character devices ``/dev/nvidia*``, ``/dev/nvidia-caps/*``, ``/dev/dri/*`` that exist.
 
     + binary: path of the nvidia runtime binary
+    + cdi_dirs: further CDI spec directories to read (containerd's ``cdi_spec_dirs``)
 
     .. code:: python
 
@@ -146,16 +162,17 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
                                                 "signal": "SIGHUP"}], "restarts": ["..."]},
             "validations": ["driver-ready", "toolkit-ready"],
             "device_plugin": ["nvidia-gpu.sock"],
+            "dev_nodes": ["/dev/nvidia0", "/dev/nvidiactl"],
         }
     """
 
     @override
-    def command(self, binary: str) -> str:
+    def command(self, binary: str, cdi_dirs: list[str] | None = None) -> str:
         parts: dict[str, str] = {
             "host": NvidiaHostState().command(),
             "nvml": NvmlInfo().command(),
             "toolkit": NvidiaContainerToolkit().command(),
-            "cdi": CdiSpecs().command(),
+            "cdi": CdiSpecs().command(cdi_dirs),
             "containerd": ContainerdNodeState().command(binary),
             "cri": f"if {_HAS.format('journalctl')} && {_HAS.format('systemctl')}; then echo journal; "
             f"{ContainerdCriLoaded().command()}; fi",
@@ -163,6 +180,7 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
             "containerd_journal": SIGNALS_SCRIPT,
             "validations": VALIDATIONS_SCRIPT,
             "device_plugin": DEVICE_PLUGIN_SCRIPT,
+            "dev_nodes": DEV_NODES_SCRIPT,
         }
         return join_parts(PART, {name: parts[name] for name in READINESS_PARTS}) + "; true"
 
@@ -181,4 +199,5 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
             "containerd_journal": parse_containerd_journal(parts.get("containerd_journal", [])),
             "validations": parse_listing(parts.get("validations", [])),
             "device_plugin": parse_listing(parts.get("device_plugin", [])),
+            "dev_nodes": parse_dev_nodes(parts.get("dev_nodes", [])),
         }

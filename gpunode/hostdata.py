@@ -323,6 +323,16 @@ KEYS: dict[str, Key] = {
             node_path=True,
         ),
         Key(
+            "gpunode_cdi_owner",
+            "one of: auto, project, refresh",
+            "auto",
+            "who writes the node's NVIDIA CDI spec: `project` (nvidia-ctk at `gpunode_cdi_spec_path`), `refresh` "
+            "(the toolkit's nvidia-cdi-refresh.service, 1.18 and later, at /var/run/cdi/nvidia.yaml: started when its "
+            "spec is stale, given no start limit; a spec at `gpunode_cdi_spec_path` is reported as a duplicate, "
+            "never deleted); `auto`: `refresh` where that service is installed, else `project`",
+            _choice("auto", "project", "refresh"),
+        ),
+        Key(
             "gpunode_readiness_json",
             "str or null",
             None,

@@ -230,6 +230,19 @@ def _driver_arguments(values: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _toolkit_changes(values: dict[str, Any]) -> list[str]:
+    """The toolkit's install or upgrade, a node disruption (its postinst reloads systemd and starts the CDI
+    refresh), where the toolkit step will run: the driver loaded and matching its userspace."""
+    driver = node_fact(NvidiaDriver)
+    if not (driver["kernel_module_version"] and driver["userspace_version"] and not driver["mismatch"]):
+        return []
+    return nvidia.toolkit_changes(
+        source=values["gpunode_toolkit_source"],
+        version=values["gpunode_toolkit_version"],
+        deb_dir=values["gpunode_toolkit_deb_dir"],
+    )
+
+
 def _gpu_steps(values: dict[str, Any]) -> None:
     """The driver, then (once it is loaded and matches its userspace) Fabric Manager, the toolkit, CDI."""
     nvidia.driver(name="NVIDIA driver: installed and held, or preinstalled", **_driver_arguments(values))
@@ -242,7 +255,13 @@ def _gpu_steps(values: dict[str, Any]) -> None:
         deb_dir=values["gpunode_toolkit_deb_dir"],
         _if=ready,
     )
-    cdi.spec(name="CDI spec: current for the loaded driver", path=values["gpunode_cdi_spec_path"], _if=ready)
+    cdi.refresh_start_limit(name="CDI refresh: no start limit", _if=ready)
+    cdi.spec(
+        name="CDI spec: current for the loaded driver",
+        path=values["gpunode_cdi_spec_path"],
+        owner=values["gpunode_cdi_owner"],
+        _if=ready,
+    )
 
 
 @deploy("Prepare a Kubernetes GPU node")
@@ -253,7 +272,8 @@ def gpu_node_prepared() -> None:
     node's own) and, once it is loaded, Fabric Manager, the container toolkit and the CDI spec;
     last the containerd runtime, rolled out one node at a time, and a per-node summary. A
     driver change (install, upgrade, reboot) is made in the node's rollout turn, with the GPU
-    steps after it, between the rollout hooks; everything else runs on all nodes at once. A node
+    steps after it, between the rollout hooks, and so is a toolkit install or upgrade (its package
+    reloads systemd and starts the CDI refresh); everything else runs on all nodes at once. A node
     whose host data is refused, or whose containerd a platform owns (k3s, RKE2, k0s, EKS
     nodeadm), fails with the reason before anything runs on it.
     """
@@ -276,7 +296,7 @@ def gpu_node_prepared() -> None:
     )
     kernel.nouveau_blacklisted(name="nouveau: blacklisted")
     if kind["gpus"]["gpus"]:
-        changes = nvidia.driver_changes(**_driver_arguments(values))
+        changes = nvidia.driver_changes(**_driver_arguments(values)) + _toolkit_changes(values)
         if changes:  # in the node's turn, whatever gpunode_containerd_restart says
             turns = _DRIVER_TURNS.setdefault(current_state(), {})
             turns[host.name] = (changes, partial(_gpu_steps, values))

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pyinfra_gpunode.cdi_checks import priority_dirs, untrue_specs
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, RUNTIME
 from pyinfra_gpunode.driver_versions import same_driver, upstream_version
 from pyinfra_gpunode.facts.cdi import missing_devices
@@ -307,6 +308,30 @@ def _cdi(facts: NodeReadinessInfo, spec_path: str) -> Link:
     return make(OK, f"{path}: driver {module}, {len(chosen['devices'])} device names")
 
 
+def _cdi_specs(facts: NodeReadinessInfo) -> Link:
+    make = _link("cdi_specs", "every CDI spec true: driver, device nodes, format, one definition per device")
+    specs = facts["cdi"]
+    containerd = facts["containerd"]
+    summary = containerd["dump"]["summary"] if containerd["dump"] else None
+    spec_dirs = summary["cdi_spec_dirs"] if summary else None
+    problems = untrue_specs(
+        specs,
+        facts["host"]["driver"]["kernel_module_version"],
+        facts.get("dev_nodes"),
+        containerd["version"],
+        spec_dirs,
+    )
+    order = " < ".join(priority_dirs(spec_dirs))
+    if not problems:
+        return make(OK, f"{len(specs)} spec(s) true (priority {order})" if specs else "no CDI spec")
+    named = "; ".join(f"{problem.path} {problem.problem}" for problem in problems)
+    return make(
+        BROKEN, f"{len(problems)} of {len(specs)} spec(s) stale or shadowed: {', '.join(p.path for p in problems)}",
+        cause=f"{named} (directory priority {order}, the last wins)",
+        fix="; ".join(f"{problem.path}: {problem.fix}" for problem in problems),
+    )  # fmt: skip
+
+
 # ---- containerd side --------------------------------------------------------------------------
 
 
@@ -550,6 +575,7 @@ def assess(node: str, facts: NodeReadinessInfo, binary: str, spec_path: str) -> 
         _toolkit(facts, binary),
         _validation(facts, "toolkit-ready"),
         _cdi(facts, spec_path),
+        _cdi_specs(facts),
     ]
     links = [
         _pci(facts),
@@ -598,5 +624,33 @@ def fleet_text(reports: list[NodeReadiness]) -> str:
     return "\n".join(lines)
 
 
-def fleet_json(reports: list[NodeReadiness]) -> dict[str, Any]:
-    return {"summary": fleet_summary(reports), "nodes": [report.as_dict() for report in reports]}
+# Version of ``fleet_json``'s layout: raised when a key changes meaning or goes away (added keys keep it).
+SCHEMA = 1
+READY, NOT_READY, UNREADABLE = "ready", "not_ready", "unreadable"
+
+
+def _failure(report: NodeReadiness) -> dict[str, Any] | None:
+    first = report.first_broken
+    if first is None:
+        return None
+    return {"node": report.node, "state": NOT_READY, "link": first.id, "cause": first.cause, "fix": first.fix}
+
+
+def fleet_json(reports: list[NodeReadiness], unreadable: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The whole report as JSON data: ``schema``, the ``summary`` of the nodes read, ``failures`` (one per
+    node that is not ready or could not be read: ``unreadable`` maps such a node to why) and each node's
+    detail with its ``state`` (``ready``, ``not_ready``, ``unreadable``)."""
+    unread = dict(unreadable or {})
+    failures = [failure for report in reports if (failure := _failure(report))]
+    failures += [
+        {"node": node, "state": UNREADABLE, "link": None, "cause": why, "fix": None} for node, why in unread.items()
+    ]
+    nodes = [{**report.as_dict(), "state": READY if report.ready else NOT_READY} for report in reports]
+    nodes += [{"node": node, "state": UNREADABLE, "ready": False, "error": why} for node, why in unread.items()]
+    return {"schema": SCHEMA, "summary": fleet_summary(reports), "failures": failures, "nodes": nodes}
+
+
+def exit_status(document: Mapping[str, Any]) -> int:
+    """0 when every node of ``fleet_json``'s ``document`` is ready, 2 when a node could not be read, else 1."""
+    states = {failure["state"] for failure in document["failures"]}
+    return 2 if UNREADABLE in states else 1 if states else 0

@@ -45,6 +45,25 @@ def toolkit_source(source: str, version: str | None, packaged: Mapping[str, str]
     return "installed" if found_outside else "repository"
 
 
+def toolkit_install(
+    source: str, version: str | None, packages: Mapping[str, str], found_outside: bool, names: Sequence[str]
+) -> str | None:
+    """The version an install or upgrade of the toolkit's packages ``names`` puts on the node (``""``: the
+    newest the repository offers, read then), or None where ``container_toolkit`` installs nothing.
+
+    ``packages``: the installed ones, name -> version; ``version``: as ``check_toolkit`` returns it.
+    A complete set at one version is kept when no version is asked for.
+    """
+    complete = all(name in packages for name in names)
+    if toolkit_source(source, version, packages if complete else {}, found_outside) == "installed":
+        return None
+    if version is None and complete and len({packages[name] for name in names}) == 1:
+        version = packages[names[0]]
+    if complete and all(packages[name] == version for name in names):
+        return None
+    return version or ""
+
+
 def keyring_needs_pin(source: str, repository_configured: bool, fingerprints: Sequence[str], pinned: str) -> bool:
     """Whether the repository keyring holds a key besides exactly ``pinned`` and must be rewritten.
 
@@ -66,3 +85,30 @@ def newest_common_version(available: Mapping[str, Sequence[str]], names: Sequenc
         if all(candidate in available.get(name, ()) for name in names[1:]):
             return candidate
     return None
+
+
+CDI_OWNERS = ("auto", "project", "refresh")
+REFRESH_SPEC = "/var/run/cdi/nvidia.yaml"  # where nvidia-cdi-refresh.service writes the spec
+# A refresh at boot may run before the driver is ready and be started again by its .path unit; without
+# a start limit it is never left failed for it (toolkit 1.20 allows 5 starts in 10 s).
+REFRESH_DROPIN_TEXT = (
+    "# Written by pyinfra-gpunode: the CDI refresh may be started any number of times.\n"
+    "[Unit]\n"
+    "StartLimitIntervalSec=0\n"
+)
+
+
+def cdi_owner(setting: str, refresh_installed: bool) -> tuple[str, str]:
+    """``(owner, error)``: who writes the node's NVIDIA CDI spec, ``project`` or ``refresh`` (the toolkit's
+    ``nvidia-cdi-refresh.service``); ``auto`` is ``refresh`` where its unit is installed. ``error`` names
+    why the setting cannot hold on this node (empty when it can)."""
+    if setting not in CDI_OWNERS:
+        return "project", f"CDI spec owner must be one of {', '.join(CDI_OWNERS)}, got {setting!r}"
+    if setting == "refresh" and not refresh_installed:
+        return "refresh", (
+            "CDI spec owner is refresh, but nvidia-cdi-refresh.service is not installed "
+            "(NVIDIA Container Toolkit 1.18 or later installs it)"
+        )
+    if setting == "auto":
+        return ("refresh" if refresh_installed else "project"), ""
+    return setting, ""

@@ -53,6 +53,7 @@ from pyinfra_gpunode.toolkit_plan import (
     check_toolkit,
     keyring_needs_pin,
     newest_common_version,
+    toolkit_install,
     toolkit_source,
 )
 
@@ -488,6 +489,25 @@ def container_toolkit(
             assert deb_dir is not None
             yield _install_debs(deb_dir, version)
     yield _hold(list(TOOLKIT_PACKAGES))
+
+
+def toolkit_changes(source: str = "auto", version: str | None = None, deb_dir: str | None = None) -> list[str]:
+    """The disruptive change ``container_toolkit`` would make on this host with the same arguments (reads
+    facts, changes nothing): ``toolkit: install …`` where it installs or upgrades the packages, whose
+    postinst reloads systemd and (1.18 and later) starts the CDI refresh; ``[]`` where it would only
+    hold them, check them, change nothing or fail the host."""
+    try:
+        version = check_toolkit(source, version, deb_dir)
+    except ToolkitRequestError:
+        return []
+    toolkit = node_fact(NvidiaContainerToolkit)
+    packages = toolkit["packages"]
+    found_outside = bool(toolkit.get("ctk_path") and toolkit["runtime_binary"])
+    target = toolkit_install(source, version, packages, found_outside, TOOLKIT_PACKAGES)
+    if target is None:
+        return []
+    installed = packages.get("nvidia-container-toolkit") or "none"
+    return [f"toolkit: install {target or 'the newest version offered'} (installed: {installed})"]
 
 
 def _toolkit_checked(toolkit: ToolkitInfo, version: str | None, quiet: bool = False) -> Generator[Any, Any, None]:

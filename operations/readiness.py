@@ -11,7 +11,8 @@ from typing import Any
 from pyinfra import host, state
 from pyinfra.api import State, operation
 
-from pyinfra_gpunode.facts.readiness import NodeReadiness
+from pyinfra_gpunode.facts.cdi import SPEC_DIRS
+from pyinfra_gpunode.facts.readiness import NodeReadiness, NodeReadinessInfo
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail
 from pyinfra_gpunode.operations._internals import current_state
@@ -30,6 +31,7 @@ def reported(
     cdi_spec_path: str = "/etc/cdi/nvidia.yaml",
     json_path: str | None = None,
     fail_not_ready: bool = True,
+    cdi_spec_dirs: list[str] | None = None,
 ) -> Generator[Any, Any, None]:
     """
     Read the node's readiness chain in one command, changing nothing, and report it: once every
@@ -39,9 +41,13 @@ def reported(
     + cdi_spec_path: the CDI spec the node should have (any ``nvidia.com/gpu`` spec when absent)
     + json_path: file on the controller to write the whole report to as JSON, or None
     + fail_not_ready: fail a node that is not ready, naming its first broken link
+    + cdi_spec_dirs: CDI spec directories besides ``/etc/cdi`` and ``/var/run/cdi`` whose specs are
+      checked too (containerd's ``cdi_spec_dirs``)
 
     The report reads the same with and without ``--dry``; a node that is not ready fails when the
-    operations run (``-y``), so the exit status is non-zero.
+    operations run (``-y``), so the exit status is non-zero. The JSON file (schema 1) lists every
+    node's state and a ``failures`` entry for each node not ready or not read (one that failed
+    before its read); ``python -m pyinfra_gpunode.readiness_status FILE`` exits 0, 1 or 2 from it.
 
     **Example:**
 
@@ -52,7 +58,7 @@ def reported(
     run = current_state()
     reports = REPORTS.setdefault(run, {})
     if host.name not in reports:
-        reports[host.name] = assess(host.name, node_fact(NodeReadiness, binary=binary), binary, cdi_spec_path)
+        reports[host.name] = assess(host.name, _readiness_facts(binary, cdi_spec_dirs), binary, cdi_spec_path)
         _print_when_complete(run, reports, json_path)
     report = reports[host.name]
     first = report.first_broken
@@ -62,16 +68,31 @@ def reported(
         yield fail(f"node not ready at {first.id}: {first.cause or first.detail}")
 
 
+def _readiness_facts(binary: str, cdi_spec_dirs: list[str] | None) -> NodeReadinessInfo:
+    """The node's readiness read; the specs of directories besides the two default ones read too."""
+    extra = [path for path in cdi_spec_dirs or [] if path not in SPEC_DIRS]
+    if extra:
+        return node_fact(NodeReadiness, binary=binary, cdi_dirs=extra)
+    return node_fact(NodeReadiness, binary=binary)
+
+
 def _print_when_complete(run: State, reports: dict[str, Report], json_path: str | None) -> None:
     order = [node.name for node in run.inventory if node in run.active_hosts]
     if run in _PRINTED or not all(name in reports for name in order):
         return
     _PRINTED.add(run)
     ordered = [reports[name] for name in order]
-    logger.info("--> Readiness\n%s\n%s", "\n".join(node_text(report) for report in ordered), fleet_text(ordered))
+    unreadable = {
+        node.name: "the node failed before its readiness was read (connection or command failed)"
+        for node in run.inventory
+        if node in run.failed_hosts and node.name not in reports
+    }
+    unread = "".join(f"\n  unreadable: {name}" for name in unreadable)
+    text = "\n".join(node_text(report) for report in ordered)
+    logger.info("--> Readiness\n%s\n%s%s", text, fleet_text(ordered), unread)
     if json_path:
         try:
-            Path(json_path).write_text(json.dumps(fleet_json(ordered), indent=2) + "\n")
+            Path(json_path).write_text(json.dumps(fleet_json(ordered, unreadable), indent=2) + "\n")
         except OSError as error:  # raising here would abort the run for every node
             logger.error("--> Readiness report not written to %s: %s", json_path, error)
         else:

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from pyinfra_gpunode.driver_versions import same_driver
-from pyinfra_gpunode.facts.cdi import CdiSpecs, missing_devices
+from pyinfra_gpunode.facts.cdi import CdiRefreshUnits, CdiSpecs, missing_devices, refresh_installed
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaFabricManager, NvidiaGpus, NvmlInfo
 from pyinfra_gpunode.hostdata import validate
+from pyinfra_gpunode.toolkit_plan import REFRESH_SPEC, cdi_owner
 
 from .facts import gpu_count, read_fact
 from .inventory import Node
@@ -70,7 +71,9 @@ def test_toolkit_runtime_binary_present(node: Node) -> None:
 def test_cdi_spec_current_and_lists_every_gpu(node: Node) -> None:
     count = gpu_count(node)
     loaded = _loaded_driver(node)
-    path = validate(node.data)["gpunode_cdi_spec_path"]
+    values = validate(node.data)
+    owner, _ = cdi_owner(values["gpunode_cdi_owner"], refresh_installed(read_fact(node, CdiRefreshUnits)))
+    path = REFRESH_SPEC if owner == "refresh" else values["gpunode_cdi_spec_path"]  # the spec its owner writes
     spec = {item["path"]: item for item in read_fact(node, CdiSpecs)}.get(path)
     assert spec is not None, f"no CDI spec at {path}"
     assert spec["error"] is None, spec["error"]

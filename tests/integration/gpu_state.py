@@ -80,6 +80,16 @@ def plant_library(root: Path) -> None:
     subprocess.run(["chroot", str(root), "ldconfig"], check=True)
 
 
+def plant_device_nodes(root: Path, *names: str) -> None:
+    """The NVIDIA character devices ``names`` (``nvidiactl``, ``nvidia0``) in the root's own ``/dev``."""
+    minors = {"nvidiactl": 255}
+    for name in names:
+        node = root / "dev" / name
+        node.parent.mkdir(parents=True, exist_ok=True)
+        minor = minors.get(name, int(name.removeprefix("nvidia")) if name.removeprefix("nvidia").isdigit() else 254)
+        subprocess.run(["mknod", "-m", "666", str(node), "c", "195", str(minor)], check=True)
+
+
 def plant_toolkit(root: Path, version: str = "1.17.8") -> None:
     """``nvidia-ctk`` and ``nvidia-container-runtime`` on PATH outside dpkg (a toolkit from a tarball).
 
@@ -91,10 +101,10 @@ def plant_toolkit(root: Path, version: str = "1.17.8") -> None:
     write(root, "/usr/local/bin/nvidia-container-runtime", f"#!/bin/sh\necho 'runc version {version}'\n", 0o755)
 
 
-def cdi_spec(driver: str = DRIVER) -> str:
+def cdi_spec(driver: str = DRIVER, cdi_version: str = "0.5.0") -> str:
     """A spec in nvidia-ctk's layout (sorted keys) for the planted GPU and driver."""
     return f"""---
-cdiVersion: 0.5.0
+cdiVersion: {cdi_version}
 containerEdits:
   deviceNodes:
   - hostPath: /dev/nvidiactl

@@ -32,7 +32,7 @@ from pyinfra_gpunode.facts.readiness import PART as READINESS_PART
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
 from pyinfra_gpunode.operations.kernel import NOUVEAU_CONF
 from pyinfra_gpunode.operations.rollout import REPORTS
-from pyinfra_gpunode.pipeline import gpu_node_prepared
+from pyinfra_gpunode.pipeline import _DRIVER_TURNS, gpu_node_prepared
 from tests.integration.summary import summary_rows
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -200,3 +200,23 @@ def test_preinstalled_driver_without_host_data_reaches_toolkit_and_cdi(
     summary = next(r.getMessage() for r in caplog.get_records("setup") if "Summary" in r.getMessage())
     row = summary_rows(summary)["@fake/h200"]
     assert "driver 580.159.04 (open) preinstalled" in row
+
+
+def planned_turns(hosts: list[tuple[str, dict[str, Any]]]) -> dict[str, list[str]]:
+    """Each node's disruptive changes planned for its rollout turn, as gpu_node_prepared plans them."""
+    state = State(inventory=Inventory((hosts, {})), config=Config())
+    connect_all(state)
+    try:
+        add_deploy(state, gpu_node_prepared)
+    finally:
+        disconnect_all(state)
+    return {name: changes for name, (changes, _) in _DRIVER_TURNS.get(state, {}).items()}
+
+
+def test_a_toolkit_upgrade_is_made_in_the_nodes_turn() -> None:
+    """The toolkit's postinst reloads systemd and starts the CDI refresh: its upgrade waits for the turn,
+    on a node whose driver does not change; a node whose toolkit is kept takes no turn."""
+    upgraded, data = fake_host("gpu2", LOADED)
+    data = {**data, "gpunode_toolkit_source": "repository", "gpunode_toolkit_version": "1.18.0-1"}
+    assert planned_turns([(upgraded, data)]) == {"@fake/gpu2": ["toolkit: install 1.18.0-1 (installed: 1.17.0-1)"]}
+    assert planned_turns([fake_host("gpu3", LOADED)]) == {}

@@ -23,6 +23,7 @@ from tests.fleet.roots import RootRecipe, ensure_root, planted_copies
 from tests.integration.gpu_state import (
     DRIVER,
     cdi_spec,
+    plant_device_nodes,
     plant_gpu,
     plant_library,
     plant_module,
@@ -48,6 +49,7 @@ def gpu_node(
     nvswitch: bool = False,
     markers: tuple[str, ...] = MARKERS,
     plugin_socket: bool = True,
+    dev_nodes: tuple[str, ...] = ("nvidiactl", "nvidia0"),
 ) -> None:
     for index in range(gpus):
         plant_gpu(root / "sys/bus/pci/devices", address=f"0000:4{index + 1}:00.0")
@@ -61,8 +63,9 @@ def gpu_node(
     write(root, f"/lib/modules/{kernel}/updates/dkms/nvidia.ko.xz", "")
     plant_library(root)
     plant_toolkit(root)
-    if spec_driver:
-        write(root, "/etc/cdi/nvidia.yaml", cdi_spec(spec_driver))
+    plant_device_nodes(root, *dev_nodes)
+    if spec_driver:  # 0.7.0: the root's containerd 1.7.24 reads it (1.7.16 or later)
+        write(root, "/etc/cdi/nvidia.yaml", cdi_spec(spec_driver, cdi_version="0.7.0"))
     write(root, CONFIG, "version = 2\n" + IMPORTS)
     write(root, f"{CONFD}/99-nvidia.toml", toolkit_dropin())
     for marker in markers:
@@ -79,6 +82,26 @@ def with_pynvml(root: Path) -> None:
     target = root / "usr/lib/python3/dist-packages"
     target.mkdir(parents=True, exist_ok=True)
     shutil.copy(pynvml.__file__, target / "pynvml.py")
+
+
+def with_runtime_spec(root: Path) -> None:
+    """A second nvidia spec in /var/run/cdi (written through the root's real /run: /var/run is an
+    absolute link), as the toolkit's refresh service writes it."""
+    gpu_node(root)
+    write(root, "/run/cdi/nvidia.yaml", cdi_spec())
+
+
+def with_stale_device_plugin_spec(root: Path) -> None:
+    """The device plugin's own JSON spec, left from the driver before (the plugin was not restarted)."""
+    gpu_node(root)
+    spec = {
+        "cdiVersion": "0.5.0",
+        "kind": "k8s.device-plugin.nvidia.com/gpu",
+        "devices": [{"name": "GPU-0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}],
+        "containerEdits": {"mounts": [{"hostPath": f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{OTHER}",
+                                       "containerPath": f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{OTHER}"}]},
+    }  # fmt: skip
+    write(root, "/run/cdi/k8s.device-plugin.nvidia.com-gpu.json", json.dumps(spec))
 
 
 # name -> (planting, first broken link or None when ready, a part of its cause)
@@ -101,6 +124,17 @@ NODES: dict[str, tuple[Callable[[Path], None], str | None, str]] = {
     ),
     "cdi_missing_gpu": (
         lambda root: gpu_node(root, gpus=2), "cdi", "lists devices 0, all but the node has 2 GPU(s): 1 missing",
+    ),
+    "cdi_no_device_node": (
+        lambda root: gpu_node(root, dev_nodes=("nvidiactl",)), "cdi_specs",
+        "/etc/cdi/nvidia.yaml names device node(s) /dev/nvidia0 that do not exist",
+    ),
+    "cdi_shadowed": (with_runtime_spec, "cdi_specs", "/etc/cdi/nvidia.yaml defines nvidia.com/gpu=0, shadowed by "
+                     "/var/run/cdi/nvidia.yaml (a later directory wins)"),
+    "cdi_device_plugin_stale": (
+        with_stale_device_plugin_spec, "cdi_specs",
+        f"/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json names driver {OTHER} in its paths, but {DRIVER} is "
+        "loaded",
     ),
     "nvswitch": (
         lambda root: gpu_node(root, nvswitch=True), "fabric_manager",
@@ -132,11 +166,21 @@ def roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
 
 def readiness(roots: dict[str, Path], report: Path, *args: str) -> subprocess.CompletedProcess[str]:
     inventory = ",".join(f"@chroot/{root}" for root in roots.values())
+    return readiness_of(inventory, report, *args)
+
+
+def readiness_of(inventory: str, report: Path, *args: str) -> subprocess.CompletedProcess[str]:
     data = [f"gpunode_readiness_json={report}", f"gpunode_nvidia_runtime_binary={RUNTIME}"]
     return subprocess.run(
         [str(PYINFRA), *args, *(arg for item in data for arg in ("--data", item)), inventory, "deploys/readiness.py"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
     )  # fmt: skip
+
+
+def report_status(report: Path) -> int:
+    """The exit status ``python -m pyinfra_gpunode.readiness_status`` reads from the report."""
+    command = [sys.executable, "-m", "pyinfra_gpunode.readiness_status", str(report)]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60).returncode
 
 
 def digest(root: Path) -> str:
@@ -170,6 +214,25 @@ def test_each_planted_broken_link_is_named_with_its_cause_and_nothing_changes(
     assert [states[f"validator:{marker}"] for marker in MARKERS] == ["ok"] * 4
     assert ready["versions"]["module"] == ready["versions"]["userspace"] == DRIVER
     assert f"1 of {len(NODES)} nodes ready" in run.stdout
+    assert document["summary"]["not_ready_by_first_broken_link"]["cdi_specs"] == [
+        f"@chroot/{roots[name]}" for name in ("cdi_no_device_node", "cdi_shadowed", "cdi_device_plugin_stale")
+    ]
+    assert states["cdi_specs"] == "ok"  # a 0.7.0 spec on containerd 1.7.24
+    plugin = nodes[f"@chroot/{roots['cdi_device_plugin_stale']}"]
+    assert plugin["fix"].startswith("/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json: restart the NVIDIA device")
     assert document["summary"]["not_ready_by_first_broken_link"]["cdi"] == [
         f"@chroot/{roots[name]}" for name in ("cdi_missing", "cdi_other_driver", "cdi_missing_gpu")
     ]
+    assert document["schema"] == 1 and report_status(tmp_path / "run.json") == 1
+    assert {failure["node"] for failure in document["failures"]} == {
+        node["node"] for node in document["nodes"] if node["state"] == "not_ready"
+    }
+
+    # The ready node alone: status 0; with a node that cannot be reached: pyinfra exits 1, the report 2.
+    ready_only = readiness_of(f"@chroot/{roots['ready']}", tmp_path / "ready.json", "-y")
+    assert ready_only.returncode == 0 and report_status(tmp_path / "ready.json") == 0, ready_only.stdout
+    gone = tmp_path / "gone"
+    with_gone = readiness_of(f"@chroot/{roots['ready']},@chroot/{gone}", tmp_path / "gone.json", "-y")
+    assert with_gone.returncode == 1 and report_status(tmp_path / "gone.json") == 2, with_gone.stdout
+    (failure,) = json.loads((tmp_path / "gone.json").read_text())["failures"]
+    assert failure["node"] == f"@chroot/{gone}" and failure["state"] == "unreadable"

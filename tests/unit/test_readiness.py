@@ -373,9 +373,9 @@ def test_fleet_summary_groups_nodes_by_first_broken_link_and_json_matches_the_te
     }  # fmt: skip
     for report, node in zip(reports, document["nodes"], strict=True):
         table = node_text(report).splitlines()
-        assert [f"  {link['state']:<7} {link['id']:<23}  {link['detail']}" for link in node["links"]] == table[1:16]
+        assert [f"  {link['state']:<7} {link['id']:<23}  {link['detail']}" for link in node["links"]] == table[1:17]
         if not node["ready"]:
-            assert table[16:] == [f"  cause: {node['cause']}", f"  fix:   {node['fix']}"]
+            assert table[17:] == [f"  cause: {node['cause']}", f"  fix:   {node['fix']}"]
 
 
 @pytest.mark.parametrize("line", ["source=journal", "count=0"])

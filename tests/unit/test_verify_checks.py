@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pyinfra.api import FactBase
 
-from pyinfra_gpunode.facts.cdi import CdiSpecs
+from pyinfra_gpunode.facts.cdi import CdiRefreshUnits, CdiSpecs
 from pyinfra_gpunode.facts.containerd import (
     ContainerdConfigDump,
     ContainerdConfigFiles,
@@ -90,6 +90,7 @@ H200 = {
     (NvmlInfo, ""): captured("nvidia.NvmlInfo", "h200_open_580_preinstalled"),
     (CdiSpecs, ""): captured("cdi.CdiSpecs", "ctk_sorted_yaml_h200"),
     (NvidiaFabricManager, ""): captured("nvidia.NvidiaFabricManager", "not_installed"),
+    (CdiRefreshUnits, ""): captured("cdi.CdiRefreshUnits", "toolkit_1_17_none"),
 }
 # The same with a second GPU on the PCI bus that NVML does not see (and the spec does not list).
 TWO_GPUS = captured("nvidia.NvidiaGpus", "h200_pcie")
@@ -99,7 +100,7 @@ DGX = captured("nvidia.NvidiaGpus", "dgx_a100_nvswitch")
 
 def gpu_node(executables: tuple[str, ...] = (RUNTIME,), **changed: list[str]) -> Node:
     facts = dict(H200)
-    for fact in (NvidiaGpus, NvidiaDriver, NvmlInfo, CdiSpecs, NvidiaFabricManager):
+    for fact in (NvidiaGpus, NvidiaDriver, NvmlInfo, CdiSpecs, NvidiaFabricManager, CdiRefreshUnits):
         if fact.__name__ in changed:
             facts[(fact, "")] = changed[fact.__name__]
     return node(facts, executables)
@@ -163,6 +164,17 @@ def test_gpu_check_skips_a_node_without_gpu(name: str) -> None:
     assert outcome(getattr(gpu_checks, name), gpu_node(NvidiaGpus=captured("nvidia.NvidiaGpus", "no_gpu"))) == (
         "skipped: node1: no NVIDIA GPU on the PCI bus"
     )
+
+
+def test_where_the_refresh_service_owns_the_spec_its_spec_is_checked() -> None:
+    """gpunode_cdi_owner auto: with toolkit 1.18's refresh units the spec is /var/run/cdi/nvidia.yaml."""
+    at_runtime = [
+        line.replace("/etc/cdi/", "/var/run/cdi/") for line in captured("cdi.CdiSpecs", "ctk_sorted_yaml_h200")
+    ]
+    units = captured("cdi.CdiRefreshUnits", "toolkit_1_18")
+    check = gpu_checks.test_cdi_spec_current_and_lists_every_gpu
+    assert outcome(check, gpu_node(CdiSpecs=at_runtime, CdiRefreshUnits=units)) == "passed"
+    assert outcome(check, gpu_node(CdiRefreshUnits=units)) == "failed: no CDI spec at /var/run/cdi/nvidia.yaml"
 
 
 def test_nvml_checks_skip_without_pynvml_on_the_node() -> None:

@@ -21,18 +21,14 @@ def test_wheel_ships_the_verification_suite(tmp_path: Path) -> None:
     for module in ("plugin", "inventory", "facts", "test_containerd", "test_gpu", "test_host"):
         assert f"pyinfra_gpunode/verify/{module}.py" in names
     scripts = (
-        "toolkit-keyring",
-        "containerd-restart",
-        "containerd-restore",
-        "node-lock",
-        "node-unlock",
-        "write-file",
-        "platform-restart",
-    )
+        "toolkit-keyring", "containerd-restart", "containerd-restore", "node-lock", "node-unlock", "write-file",
+        "platform-restart", "cdi-refresh",
+    )  # fmt: skip
     for script in scripts:
         assert f"pyinfra_gpunode/operations/shell/{script}.sh" in names  # read when the operations load
     assert "pyinfra_gpunode/facts/shell/unit-config.sh" in names  # read when facts.containerd loads
     assert "pyinfra_gpunode/facts/shell/cdi-specs.sh" in names  # read when facts.cdi loads
+    assert "pyinfra_gpunode/facts/shell/cdi-refresh-units.sh" in names  # read when facts.cdi loads
     assert "pyinfra_gpunode/facts/shell/containerd-platform.sh" in names  # read when facts.platform loads
     (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
     assert (
