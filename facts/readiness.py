@@ -20,6 +20,7 @@ from pyinfra_gpunode.facts.nvidia import (
     NvmlInfoDict,
     ToolkitInfo,
 )
+from pyinfra_gpunode.facts.operator import GpuOperatorInfo, GpuOperatorState
 from pyinfra_gpunode.readiness import DEVICE_PLUGIN_DIR, VALIDATIONS_DIR
 from pyinfra_gpunode.sections import join_parts, split_parts
 
@@ -50,6 +51,7 @@ DEVICE_PLUGIN_SCRIPT = (
 
 READINESS_PARTS = (
     "host", "nvml", "toolkit", "cdi", "containerd", "cri", "xid", "containerd_journal", "validations", "device_plugin",
+    "operator",
 )  # fmt: skip
 _SIGNAL = re.compile(r"Sent signal (SIG[A-Z0-9+]+) to main process|code=(?:killed|dumped), status=\d+/(\w+)")
 
@@ -83,6 +85,7 @@ class NodeReadinessInfo(TypedDict):
     containerd_journal: ContainerdJournal | None
     validations: list[str] | None
     device_plugin: list[str] | None
+    operator: GpuOperatorInfo
 
 
 def parse_xid(lines: list[str]) -> XidInfo:
@@ -128,7 +131,9 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
     else ``dmesg``; ``source`` None when neither is readable), the signals sent to containerd and
     systemd's automatic restarts of it in the last 24 hours of this boot, the GPU Operator
     validator's markers in ``/run/nvidia/validations`` (None when it has not run) and the NVIDIA
-    device plugin sockets in ``/var/lib/kubelet/device-plugins`` (None without that directory).
+    device plugin sockets in ``/var/lib/kubelet/device-plugins`` (None without that directory),
+    and what the GPU Operator left on the node (``GpuOperatorState``: its toolkit, driver
+    container root, validator markers and containerd drop-in).
 
     + binary: path of the nvidia runtime binary
 
@@ -146,6 +151,8 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
                                                 "signal": "SIGHUP"}], "restarts": ["..."]},
             "validations": ["driver-ready", "toolkit-ready"],
             "device_plugin": ["nvidia-gpu.sock"],
+            "operator": {"toolkit_binaries": [], "driver_root_library": None, "validations": None,
+                         "driver_ready": {}, "dropin": None},
         }
     """
 
@@ -163,6 +170,7 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
             "containerd_journal": SIGNALS_SCRIPT,
             "validations": VALIDATIONS_SCRIPT,
             "device_plugin": DEVICE_PLUGIN_SCRIPT,
+            "operator": GpuOperatorState().command(),
         }
         return join_parts(PART, {name: parts[name] for name in READINESS_PARTS}) + "; true"
 
@@ -181,4 +189,5 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
             "containerd_journal": parse_containerd_journal(parts.get("containerd_journal", [])),
             "validations": parse_listing(parts.get("validations", [])),
             "device_plugin": parse_listing(parts.get("device_plugin", [])),
+            "operator": GpuOperatorState().process(parts.get("operator", [])),
         }

@@ -41,6 +41,7 @@ def node_readiness_reported(fail_not_ready: bool = True) -> None:
         cdi_spec_path=values["gpunode_cdi_spec_path"],
         json_path=values["gpunode_readiness_json"],
         fail_not_ready=fail_not_ready,
+        handler=values["gpunode_runtime_handler"],
     )
 
 

@@ -40,6 +40,7 @@ from pyinfra_gpunode.facts.nvidia import (
     NvidiaHostStateInfo,
     ToolkitInfo,
 )
+from pyinfra_gpunode.facts.operator import GpuOperatorState
 from pyinfra_gpunode.hostdata import REBOOT_TIMEOUTS
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import _lock
@@ -48,6 +49,7 @@ from pyinfra_gpunode.operations._atomic import write_file
 from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import node_fact
+from pyinfra_gpunode.operator import DRIVER_ROOT, driver_from_container
 from pyinfra_gpunode.toolkit_plan import (
     ToolkitRequestError,
     check_toolkit,
@@ -290,8 +292,11 @@ def _preinstalled(description: str, loaded: DriverInfo, reboot: bool, timeout: i
         yield from _rebooted(timeout)
         yield from _check_loaded(loaded["userspace_version"])
         return
+    operator = node_fact(GpuOperatorState)
     if loaded["mismatch"]:
         description += f"; its userspace library is {loaded['userspace_version']}: reboot pending"
+    elif not loaded["userspace_version"] and driver_from_container(loaded, operator):
+        description += f"; its userspace is the GPU Operator's driver container's ({DRIVER_ROOT})"
     elif not loaded["userspace_version"]:
         description += "; the loader finds no libnvidia-ml.so.1 for it"
     if not state.is_executing:

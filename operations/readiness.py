@@ -30,6 +30,7 @@ def reported(
     cdi_spec_path: str = "/etc/cdi/nvidia.yaml",
     json_path: str | None = None,
     fail_not_ready: bool = True,
+    handler: str = "nvidia",
 ) -> Generator[Any, Any, None]:
     """
     Read the node's readiness chain in one command, changing nothing, and report it: once every
@@ -39,6 +40,7 @@ def reported(
     + cdi_spec_path: the CDI spec the node should have (any ``nvidia.com/gpu`` spec when absent)
     + json_path: file on the controller to write the whole report to as JSON, or None
     + fail_not_ready: fail a node that is not ready, naming its first broken link
+    + handler: the runtime name the cluster's RuntimeClass uses (checked to run ``binary``)
 
     The report reads the same with and without ``--dry``; a node that is not ready fails when the
     operations run (``-y``), so the exit status is non-zero.
@@ -52,7 +54,7 @@ def reported(
     run = current_state()
     reports = REPORTS.setdefault(run, {})
     if host.name not in reports:
-        reports[host.name] = assess(host.name, node_fact(NodeReadiness, binary=binary), binary, cdi_spec_path)
+        reports[host.name] = assess(host.name, node_fact(NodeReadiness, binary=binary), binary, cdi_spec_path, handler)
         _print_when_complete(run, reports, json_path)
     report = reports[host.name]
     first = report.first_broken
