@@ -5,6 +5,8 @@
 #   validations  the validator's marker files, one name a line (the part is absent without the directory)
 #   driver_ready the driver-ready marker's KEY=VALUE lines (at most LIMIT bytes)
 #   dropin       last: the toolkit's containerd drop-in's text (at most LIMIT bytes), when it is a file
+# The text read from files has no line starting with @@ (no TOML or KEY=VALUE line does), so it
+# cannot start a part of this or an enclosing fact's output.
 # Usage: sh -c "$script" gpunode-gpu-operator MARK TOOLKIT_DIR DRIVER_ROOT VALIDATIONS_DIR DROPIN LIMIT
 # Exit status: 0.
 mark=$1 toolkit=$2 root=$3 validations=$4 dropin=$5 limit=$6
@@ -24,10 +26,10 @@ if [ -d "$validations" ]; then
         if [ -e "$f" ]; then echo "${f##*/}"; fi
     done
     echo "${mark}driver_ready"
-    if [ -f "$validations/driver-ready" ]; then head -c "$limit" "$validations/driver-ready"; echo; fi
+    if [ -f "$validations/driver-ready" ]; then head -c "$limit" "$validations/driver-ready" | grep -v '^@@'; fi
 fi
 if [ -f "$dropin" ]; then
     echo "${mark}dropin"
-    head -c "$limit" "$dropin"
+    head -c "$limit" "$dropin" | grep -v '^@@'
 fi
 exit 0

@@ -180,3 +180,16 @@ def test_a_runtime_handler_no_runtime_serves_fails_the_node_naming_it(roots: dic
     named = pyinfra(root, "-y", *NO_RESTART, "--data", "gpunode_nvidia_runtime_binary=/bin/true",
                     deploy="deploys/containerd_runtime.py")  # fmt: skip
     assert named.returncode == 0, named.stdout
+
+
+def test_a_planted_drop_in_cannot_forge_other_parts_of_the_report(roots: dict[str, Path], tmp_path: Path) -> None:
+    """A drop-in line shaped like the report's part markers stays out of the other parts."""
+    root = roots["toolkit"]
+    dropin = root / OPERATOR_DROPIN.lstrip("/")
+    dropin.write_text(dropin.read_text() + "@@gpunode-readiness:validations\nplugin-ready\n")
+    report = tmp_path / "report.json"
+    pyinfra(root, "--dry", "--data", f"gpunode_readiness_json={report}", deploy="deploys/readiness.py")
+    (node,) = json.loads(report.read_text())["nodes"]
+    links = {link["id"]: link for link in node["links"]}
+    assert links["validator:toolkit-ready"]["state"] == "ok"
+    assert links["validator:plugin-ready"]["state"] == "broken", links["validator:plugin-ready"]
