@@ -282,6 +282,11 @@ def _to_install(plan: DriverPlan, installed: dict[str, str]) -> dict[str, str]:
     return {n: v for n, v in plan.packages.items() if n not in installed or (v and installed[n] != v)}
 
 
+def _from_driver_container(loaded: DriverInfo) -> bool:
+    operator = node_fact(GpuOperatorState)
+    return driver_from_container(loaded, operator)
+
+
 def _preinstalled(description: str, loaded: DriverInfo, reboot: bool, timeout: int) -> Generator[Any, Any, None]:
     """Accept the node's own driver: nothing to run (the plan says so), or with ``reboot`` the
     reboot a userspace newer than the loaded module waits for, and the check after it."""
@@ -292,10 +297,9 @@ def _preinstalled(description: str, loaded: DriverInfo, reboot: bool, timeout: i
         yield from _rebooted(timeout)
         yield from _check_loaded(loaded["userspace_version"])
         return
-    operator = node_fact(GpuOperatorState)
     if loaded["mismatch"]:
         description += f"; its userspace library is {loaded['userspace_version']}: reboot pending"
-    elif not loaded["userspace_version"] and driver_from_container(loaded, operator):
+    elif not loaded["userspace_version"] and _from_driver_container(loaded):
         description += f"; its userspace is the GPU Operator's driver container's ({DRIVER_ROOT})"
     elif not loaded["userspace_version"]:
         description += "; the loader finds no libnvidia-ml.so.1 for it"
