@@ -20,6 +20,7 @@ from pyinfra_gpunode.facts.nvidia import (
     NvmlInfoDict,
     ToolkitInfo,
 )
+from pyinfra_gpunode.facts.operator import GpuOperatorInfo, GpuOperatorState
 from pyinfra_gpunode.readiness import DEVICE_PLUGIN_DIR, VALIDATIONS_DIR
 from pyinfra_gpunode.sections import join_parts, split_parts
 
@@ -56,6 +57,7 @@ DEV_NODES_SCRIPT = (
 READINESS_PARTS = (
     "host", "nvml", "toolkit", "cdi", "containerd", "cri", "xid", "containerd_journal", "validations", "device_plugin",
     "dev_nodes",
+    "operator",
 )  # fmt: skip
 _SIGNAL = re.compile(r"Sent signal (SIG[A-Z0-9+]+) to main process|code=(?:killed|dumped), status=\d+/(\w+)")
 
@@ -90,6 +92,7 @@ class NodeReadinessInfo(TypedDict):
     validations: list[str] | None
     device_plugin: list[str] | None
     dev_nodes: NotRequired[list[str] | None]  # character devices under /dev/nvidia*, /dev/dri (None: not read)
+    operator: GpuOperatorInfo
 
 
 def parse_xid(lines: list[str]) -> XidInfo:
@@ -143,7 +146,9 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
     systemd's automatic restarts of it in the last 24 hours of this boot, the GPU Operator
     validator's markers in ``/run/nvidia/validations`` (None when it has not run) and the NVIDIA
     device plugin sockets in ``/var/lib/kubelet/device-plugins`` (None without that directory),
-    and the character devices ``/dev/nvidia*``, ``/dev/nvidia-caps/*``, ``/dev/dri/*`` that exist.
+    the character devices ``/dev/nvidia*``, ``/dev/nvidia-caps/*``, ``/dev/dri/*`` that exist,
+    and what the GPU Operator left on the node (``GpuOperatorState``: its toolkit, driver
+    container root, validator markers and containerd drop-in).
 
     + binary: path of the nvidia runtime binary
     + cdi_dirs: further CDI spec directories to read (containerd's ``cdi_spec_dirs``)
@@ -163,6 +168,8 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
             "validations": ["driver-ready", "toolkit-ready"],
             "device_plugin": ["nvidia-gpu.sock"],
             "dev_nodes": ["/dev/nvidia0", "/dev/nvidiactl"],
+            "operator": {"toolkit_binaries": [], "driver_root_library": None, "validations": None,
+                         "driver_ready": {}, "dropin": None},
         }
     """
 
@@ -181,6 +188,7 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
             "validations": VALIDATIONS_SCRIPT,
             "device_plugin": DEVICE_PLUGIN_SCRIPT,
             "dev_nodes": DEV_NODES_SCRIPT,
+            "operator": GpuOperatorState().command(),
         }
         return join_parts(PART, {name: parts[name] for name in READINESS_PARTS}) + "; true"
 
@@ -200,4 +208,5 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
             "validations": parse_listing(parts.get("validations", [])),
             "device_plugin": parse_listing(parts.get("device_plugin", [])),
             "dev_nodes": parse_dev_nodes(parts.get("dev_nodes", [])),
+            "operator": GpuOperatorState().process(parts.get("operator", [])),
         }

@@ -51,6 +51,11 @@ def _str(value: Any) -> bool:
     return isinstance(value, str)
 
 
+def _runtime_name(value: Any) -> bool:
+    """A containerd runtime name as a RuntimeClass handler may be: a DNS label-like word."""
+    return isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", value) is not None
+
+
 def is_normal_path(value: Any) -> bool:
     """An absolute path written the one way ``os.path.normpath`` writes it: no ``.`` or ``..``
     component, no ``//``, no trailing ``/`` (except ``/`` itself)."""
@@ -155,7 +160,25 @@ KEYS: dict[str, Key] = {
             "gpunode_nvidia_default_runtime",
             "bool",
             False,
-            "make nvidia containerd's default runtime (otherwise the default is left as it is)",
+            "make nvidia containerd's default runtime (otherwise the default is left as it is); off by default: "
+            "in CDI mode GPU pods ask for the runtime through their RuntimeClass, and a default nvidia runtime "
+            "would wrap every pod of the node",
+            _bool,
+        ),
+        Key(
+            "gpunode_runtime_handler",
+            "runtime name (letters, digits, `-`, `_`, `.`)",
+            "nvidia",
+            "the `handler` of the cluster's RuntimeClass for GPU pods: the plan and the readiness report check "
+            "that containerd has a runtime of this name running the toolkit's binary",
+            _runtime_name,
+        ),
+        Key(
+            "gpunode_take_over_runtime",
+            "bool",
+            False,
+            "where the GPU Operator's toolkit manages the nvidia runtime, write gpunode's anyway (it loads after "
+            "the operator's drop-in, which is left in place); without it such a node fails before any change",
             _bool,
         ),
         Key(

@@ -18,7 +18,10 @@ from pyinfra import host
 from pyinfra.api import State, deploy
 
 from pyinfra_gpunode.driver_plan import DriverRequest, DriverRequestError, check_request, resolve_source
+from pyinfra_gpunode.driver_versions import same_driver
+from pyinfra_gpunode.facts.containerd import ContainerdNodeState
 from pyinfra_gpunode.facts.nvidia import NodeKind, NvidiaDriver
+from pyinfra_gpunode.facts.operator import GpuOperatorInfo, GpuOperatorState
 from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.hooks import HOOK_KEYS, check_hook
 from pyinfra_gpunode.hostdata import HostDataError, validate, world_writable_warnings
@@ -29,6 +32,7 @@ from pyinfra_gpunode.operations import (
     hostdata,
     kernel,
     nvidia,
+    operator,
     platform,
     rollout,
     unattended_upgrades,
@@ -36,6 +40,17 @@ from pyinfra_gpunode.operations import (
 from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.operations._lock import lock_changes
 from pyinfra_gpunode.operations._shared import node_fact, snapshot_binary
+from pyinfra_gpunode.operator import (
+    DRIVER_OFF,
+    DRIVER_ROOT,
+    config_texts,
+    container_userspace,
+    driver_from_container,
+    operator_runtime,
+    runtime_refusal,
+    runtime_writers,
+    take_over_note,
+)
 from pyinfra_gpunode.platform import refusal as platform_refusal
 from pyinfra_gpunode.rollout import NodeReport, NodeSettings, rollout_order
 from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit
@@ -73,6 +88,7 @@ def _runtime(values: dict[str, Any]) -> dict[str, Any]:
         "dropin_dir": values["gpunode_containerd_dropin_dir"],
         "binary_required": values["gpunode_runtime_binary_required"],
         "enable_cdi": values["gpunode_enable_cdi"],
+        "handler": values["gpunode_runtime_handler"],
     }
 
 
@@ -105,8 +121,9 @@ def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
     data is refused, or whose containerd a platform owns (k3s, RKE2, k0s, EKS nodeadm), fails
     with the reason before anything runs on it.
     """
+    checked = values is not None  # by gpu_node_prepared, with the GPU layers
     values = values or _accepted_settings(gpu=False)
-    if values is None or _platform_refused():
+    if values is None or _platform_refused() or (not checked and _operator_refused(values, gpu=False)):
         return
     nodes = _NODES.setdefault(current_state(), {})
     driver, steps = _DRIVER_TURNS.get(current_state(), {}).get(host.name, ([], None))
@@ -137,6 +154,46 @@ def _platform_refused() -> bool:
         return False
     platform.supported(name="containerd: not owned by a platform")
     return True
+
+
+def _operator_refused(values: dict[str, Any], gpu: bool = True) -> bool:
+    """Whether the deploy would fight the GPU Operator on this node: its toolkit manages the nvidia
+    runtime (unless ``gpunode_take_over_runtime``), or (with ``gpu``) driver packages are asked for
+    where its driver container provides the driver. The node is then set to fail with the reason
+    and the Helm value to change, before anything changes on it; else the plan says who owns what."""
+    found = node_fact(GpuOperatorState)
+    node = node_fact(ContainerdNodeState, binary=values["gpunode_nvidia_runtime_binary"])
+    notes, refusal = [], ""
+    managed = operator_runtime(runtime_writers(config_texts(node["files"], found), "nvidia", found), found)
+    if managed and not values["gpunode_take_over_runtime"]:
+        refusal = "containerd config not changed: " + runtime_refusal(managed)
+    elif managed:
+        notes.append(take_over_note(managed))
+    if gpu:
+        driver = node_fact(NvidiaDriver)
+        if driver_from_container(driver, found):
+            source, _ = resolve_source(
+                values["gpunode_driver_source"], check_request(_driver_request(values)), driver["kernel_module_version"]
+            )
+            if source == "packages" and not refusal:
+                refusal = (
+                    f"NVIDIA driver not changed: the driver {driver['kernel_module_version']} comes from the GPU "
+                    f"Operator's driver container ({DRIVER_ROOT}); installing driver packages would put a second "
+                    f"driver beside it. Set `{DRIVER_OFF}` in the operator's Helm values and drain the node first, "
+                    "or leave gpunode_driver_branch and gpunode_driver_version unset to keep its driver"
+                )
+            notes.append(_container_driver(driver["kernel_module_version"], found))
+    if not refusal and not notes:
+        return False
+    operator.handed_over(name="GPU Operator: host side handed over", refusal=refusal, notes=notes)
+    return bool(refusal)
+
+
+def _container_driver(loaded: str | None, found: GpuOperatorInfo) -> str:
+    return (
+        f"driver {loaded} from the GPU Operator's driver container ({DRIVER_ROOT}, userspace "
+        f"{container_userspace(found) or 'unknown'}): driver packages untouched"
+    )
 
 
 def _report() -> NodeReport:
@@ -201,9 +258,18 @@ def _driver_ready(values: dict[str, Any]) -> bool:
         loaded, userspace = driver["kernel_module_version"], driver["userspace_version"]
         report.driver_ready = bool(loaded and userspace and not driver["mismatch"])
         source, _ = resolve_source(values["gpunode_driver_source"], check_request(_driver_request(values)), loaded)
-        if source == "preinstalled":
+        found = node_fact(GpuOperatorState)
+        container = driver_from_container(driver, found)
+        if source == "preinstalled" and not container:
             report.skipped.append(f"driver {loaded} ({driver['module_flavor'] or 'unknown flavour'}) preinstalled")
-        if loaded and not userspace:
+        if container:
+            userspace = container_userspace(found)
+            report.driver_ready = bool(loaded and userspace and same_driver(loaded, userspace))
+            report.skipped.append(_container_driver(loaded, found))
+            if not report.driver_ready:
+                report.pending.append(f"driver container: module {loaded}, its userspace {userspace or 'unknown'}")
+                report.skipped.append("Fabric Manager, toolkit, CDI: the driver container's driver is not ready")
+        elif loaded and not userspace:
             report.pending.append(f"driver {loaded} loaded, but the loader finds no libnvidia-ml.so.1")
             report.skipped.append("Fabric Manager, toolkit, CDI: no NVIDIA userspace library")
             logger.warning(
@@ -247,7 +313,11 @@ def _gpu_steps(values: dict[str, Any]) -> None:
     """The driver, then (once it is loaded and matches its userspace) Fabric Manager, the toolkit, CDI."""
     nvidia.driver(name="NVIDIA driver: installed and held, or preinstalled", **_driver_arguments(values))
     ready = partial(_driver_ready, values)
-    nvidia.fabric_manager(name="Fabric Manager: matches the driver", preinstalled=_preinstalled(values), _if=ready)
+    driver, found = node_fact(NvidiaDriver), node_fact(GpuOperatorState)
+    if driver_from_container(driver, found):
+        _report().skipped.append(f"Fabric Manager: the GPU Operator's driver container ({DRIVER_ROOT}) runs it")
+    else:
+        nvidia.fabric_manager(name="Fabric Manager: matches the driver", preinstalled=_preinstalled(values), _if=ready)
     nvidia.container_toolkit(
         name="NVIDIA Container Toolkit: installed and held",
         source=values["gpunode_toolkit_source"],
@@ -285,7 +355,7 @@ def gpu_node_prepared() -> None:
     if values is None:
         hostdata.accepted(name="host data: accepted", error=error)
         return
-    if _platform_refused():
+    if _platform_refused() or _operator_refused(values):
         return
     kernel.held(name="kernel: held", present=values["gpunode_kernel_hold"])
     unattended_upgrades.configured(

@@ -7,6 +7,7 @@ no link is broken; ``unknown`` links (nothing to read them from) do not make it 
 
 from __future__ import annotations
 
+import posixpath
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -17,6 +18,20 @@ from pyinfra_gpunode.cdi_checks import priority_dirs, untrue_specs
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, RUNTIME
 from pyinfra_gpunode.driver_versions import same_driver, upstream_version
 from pyinfra_gpunode.facts.cdi import missing_devices
+from pyinfra_gpunode.operator import (
+    DRIVER_ROOT,
+    OPERATOR,
+    TOOLKIT_DIR,
+    TOOLKIT_OFF,
+    config_texts,
+    container_userspace,
+    driver_from_container,
+    driver_owner,
+    owners_text,
+    runtime_writers,
+    toolkit_owner,
+    under_toolkit_dir,
+)
 
 if TYPE_CHECKING:
     from pyinfra_gpunode.facts.readiness import NodeReadinessInfo
@@ -152,8 +167,11 @@ def _userspace(facts: NodeReadinessInfo) -> Link:
     nvml = facts["nvml"]
     error = nvml["error"] if nvml else None
     module = driver["kernel_module_version"]
-    # The resolved library's file name carries the version, unless it is a plain file: then NVML's word.
+    # The resolved library's file name carries the version, unless it is a plain file: then NVML's word;
+    # on a driver-container node, the library in the GPU Operator's driver root.
     library = driver["userspace_version"] or (nvml["driver_version"] if nvml and not error else None)
+    container = driver_from_container(driver, _operator(facts))
+    library = library or (container_userspace(_operator(facts)) if container else None)
     if not module:
         return make(UNKNOWN, f"userspace {library or 'not found'}; no module loaded to compare with")
     if library and not same_driver(module, library):
@@ -176,7 +194,8 @@ def _userspace(facts: NodeReadinessInfo) -> Link:
         )  # fmt: skip
     if nvml is None:
         how = "nvidia-smi works" if driver["nvidia_smi_ok"] else "NVML not queried (no pynvml on the node)"
-        return make(OK, f"module and library {library or module}; {how}")
+        where = f" (GPU Operator driver container, {DRIVER_ROOT})" if container else ""
+        return make(OK, f"module and library {library or module}{where}; {how}")
     seen, gpus = len(nvml["devices"]), len(facts["host"]["pci"]["gpus"])
     if seen < gpus:
         return make(
@@ -218,6 +237,8 @@ def _fabric_manager(facts: NodeReadinessInfo) -> Link:
     fm = host["fabric_manager"]
     module = host["driver"]["kernel_module_version"]
     version = upstream_version(fm["version"]) if fm["version"] else None
+    if version is None and driver_from_container(host["driver"], _operator(facts)):
+        return make(UNKNOWN, f"no host Fabric Manager: the GPU Operator's driver container ({DRIVER_ROOT}) runs it")
     if version is None:
         return make(
             BROKEN, "not installed",
@@ -250,6 +271,9 @@ def _toolkit(facts: NodeReadinessInfo, binary: str) -> Link:
     toolkit = facts["toolkit"]
     present = facts["containerd"]["binary_present"] or toolkit["runtime_binary"] == binary
     ctk = toolkit["ctk_version"]
+    operator = set(_operator(facts)["toolkit_binaries"])
+    if {"nvidia-container-runtime", "nvidia-ctk"} <= operator and (under_toolkit_dir(binary) or not present):
+        return make(OK, f"{OPERATOR} in {TOOLKIT_DIR}: {', '.join(sorted(operator))}")
     if not present:
         return make(
             BROKEN, f"{binary} missing" + (f"; nvidia-ctk {ctk}" if ctk else "; no nvidia-ctk"),
@@ -406,6 +430,96 @@ def _containerd_config(facts: NodeReadinessInfo) -> Link:
     )  # fmt: skip
 
 
+_NO_OPERATOR: dict[str, Any] = {
+    "toolkit_binaries": [], "driver_root_library": None, "validations": None, "driver_ready": {}, "dropin": None,
+}  # fmt: skip
+
+
+def _operator(facts: NodeReadinessInfo) -> Mapping[str, Any]:
+    """What the GPU Operator left on the node (nothing, for facts read without it)."""
+    return facts.get("operator") or _NO_OPERATOR
+
+
+def _writers(facts: NodeReadinessInfo, handler: str) -> list[Any]:
+    return runtime_writers(config_texts(facts["containerd"]["files"], _operator(facts)), handler, _operator(facts))
+
+
+def _owners(facts: NodeReadinessInfo, handler: str) -> Link:
+    make = _link("owners", "who owns each layer: driver, toolkit, runtime, validations")
+    host, operator = facts["host"], _operator(facts)
+    driver = driver_owner(host["driver"], operator, host["packages"])
+    toolkit = toolkit_owner(facts["toolkit"], operator)
+    return make(OK, owners_text(driver, toolkit, _writers(facts, handler), operator["validations"], handler))
+
+
+def _sighups(facts: NodeReadinessInfo) -> list[str]:
+    journal = facts["containerd_journal"]
+    return [event["time"] for event in journal["signals"] if event["signal"] == "SIGHUP"] if journal else []
+
+
+def _operator_sighups(facts: NodeReadinessInfo) -> str:
+    """The SIGHUP restarts of containerd tied to the operator's toolkit, when it is on the node."""
+    hups = _sighups(facts)
+    if not hups or not _operator(facts)["toolkit_binaries"]:
+        return ""
+    return (
+        f"; containerd was sent SIGHUP {len(hups)} time(s) (last {hups[-1]}): the GPU Operator's toolkit "
+        f"({TOOLKIT_DIR}) restarts containerd with SIGHUP each time it writes its drop-in"
+    )
+
+
+def _runtime_writers(facts: NodeReadinessInfo, handler: str) -> Link:
+    make = _link("runtime_writers", f"one writer of the {handler} runtime")
+    if facts["containerd"]["version"] is None:
+        return make(NOT_APPLICABLE, "containerd not installed")
+    writers = _writers(facts, handler)
+    if not writers:
+        return make(OK, f"no file defines runtime {handler}")
+    listed = "; ".join(writer.describe() for writer in writers)
+    kinds = {writer.writer for writer in writers}
+    if len(kinds) < 2 or OPERATOR not in kinds:
+        return make(OK, listed)
+    second = next(writer for writer in writers if writer.writer != OPERATOR)
+    operator = next(writer for writer in writers if writer.writer == OPERATOR)
+    return make(
+        BROKEN, f"{len(writers)} files define {handler}: {listed}",
+        cause=f"two writers define the {handler} runtime: {operator.describe()} and {second.describe()}; "
+        f"the operator rewrites its file while the other is kept, and the one containerd loads last wins"
+        + _operator_sighups(facts),
+        fix=f"give the runtime one owner: `{TOOLKIT_OFF}` in the GPU Operator's Helm values (then remove "
+        f"{operator.path}) so gpunode owns it, or remove {second.path} so the operator does",
+    )  # fmt: skip
+
+
+def _runtime_handler(facts: NodeReadinessInfo, handler: str, binary: str) -> Link:
+    make = _link("runtime_handler", f"RuntimeClass handler {handler} runs the toolkit's runtime")
+    state = facts["containerd"]
+    summary = state["dump"]["summary"] if state["dump"] and not state["dump"]["error"] else None
+    if state["version"] is None or summary is None:
+        return make(UNKNOWN, "no merged containerd config to read")
+    runtime = summary["runtimes"].get(handler)
+    if runtime is None:
+        return make(
+            BROKEN, f"no runtime {handler}",
+            cause=f"containerd's merged config has no runtime named {handler} (it has "
+            f"{', '.join(summary['runtimes']) or 'none'}): pods of a RuntimeClass with handler {handler} fail "
+            f"with 'no runtime for \"{handler}\" is configured'",
+            fix=f"set gpunode_runtime_handler to the RuntimeClass's handler, or define runtime {handler}; "
+            f"then run {RUNTIME_DEPLOY}",
+        )  # fmt: skip
+    found = runtime["BinaryName"]
+    toolkit = found == binary or posixpath.basename(found or "").startswith("nvidia-container-runtime")
+    if not toolkit:
+        return make(
+            BROKEN, f"{handler}: BinaryName {found or 'unset'}",
+            cause=f"runtime {handler} runs {found or 'plain runc (no BinaryName)'}, not the toolkit's {binary}: "
+            "its containers get no GPU",
+            fix=f"set gpunode_nvidia_runtime_binary to the toolkit's binary and run {RUNTIME_DEPLOY}",
+        )  # fmt: skip
+    note = "" if found == binary else f" (gpunode_nvidia_runtime_binary is {binary})"
+    return make(OK, f"{handler}: {found}{note}")
+
+
 def _newer_files(state: Mapping[str, Any]) -> list[str]:
     started = state["service"]["started_at"] or 0
     mtimes = state["files"]["mtimes"]
@@ -486,7 +600,7 @@ def _containerd_signals(facts: NodeReadinessInfo) -> Link:
             BROKEN, f"{len(signals)} signal(s) {', '.join(names)}, last {last}",
             cause=f"containerd was sent {', '.join(names)} {len(signals)} time(s) (first {signals[0]['time']}, "
             f"last {last}) and restarted by systemd {len(restarts)} time(s): containerd has no reload, "
-            "a signal ends it",
+            "a signal ends it" + _operator_sighups(facts),
             fix="find what signals it (a config-management handler, `pkill -HUP`, logrotate) and make it "
             "`systemctl restart containerd` only after a config change, one node at a time",
         )  # fmt: skip
@@ -564,8 +678,9 @@ def _versions(facts: NodeReadinessInfo) -> dict[str, str | None]:
     }
 
 
-def assess(node: str, facts: NodeReadinessInfo, binary: str, spec_path: str) -> NodeReadiness:
-    """Every link of ``node``'s chain, in order, from the ``NodeReadiness`` fact."""
+def assess(node: str, facts: NodeReadinessInfo, binary: str, spec_path: str, handler: str = "nvidia") -> NodeReadiness:
+    """Every link of ``node``'s chain, in order, from the ``NodeReadiness`` fact; ``handler`` is the
+    runtime name the cluster's RuntimeClass uses."""
     gpu = [
         _module(facts),
         _userspace(facts),
@@ -579,10 +694,13 @@ def assess(node: str, facts: NodeReadinessInfo, binary: str, spec_path: str) -> 
     ]
     links = [
         _pci(facts),
+        _gpu_only(_owners(facts, handler), facts),
         *(_gpu_only(link, facts) for link in gpu),
         _containerd_config(facts),
         _containerd_running(facts),
         _containerd_signals(facts),
+        _runtime_writers(facts, handler),
+        _runtime_handler(facts, handler, binary),
         _validation(facts, "cuda-ready"),
         _validation(facts, "plugin-ready"),
         _device_plugin(facts),

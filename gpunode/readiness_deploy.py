@@ -42,6 +42,7 @@ def node_readiness_reported(fail_not_ready: bool = True) -> None:
         json_path=values["gpunode_readiness_json"],
         fail_not_ready=fail_not_ready,
         cdi_spec_dirs=values["gpunode_cdi_spec_dirs"],
+        handler=values["gpunode_runtime_handler"],
     )
 
 

@@ -46,6 +46,7 @@ from pyinfra_gpunode.facts.nvidia import (
     NvidiaHostState,
     NvmlInfo,
 )
+from pyinfra_gpunode.facts.operator import GpuOperatorState
 from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.facts.readiness import NodeReadiness
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
@@ -88,6 +89,7 @@ _PART_OF: dict[Fact, tuple[Fact, Callable[[Any], Any], Held]] = {
     NvmlInfo: (NodeReadiness, lambda v: v["nvml"], _no_arguments),
     NvidiaContainerToolkit: (NodeReadiness, lambda v: v["toolkit"], _no_arguments),
     CdiSpecs: (NodeReadiness, lambda v: v["cdi"], _no_arguments),
+    GpuOperatorState: (NodeReadiness, lambda v: v.get("operator", _NOT_HELD), _no_arguments),
     ContainerdNodeState: (NodeReadiness, lambda v: v["containerd"], lambda a, v: {"binary": a["binary"]}),
     ContainerdService: (ContainerdNodeState, lambda v: v["service"], _no_arguments),
     ContainerdPlatform: (ContainerdNodeState, lambda v: v.get("platform", _NOT_HELD), _no_arguments),

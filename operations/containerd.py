@@ -48,6 +48,7 @@ from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import facts_unchanged, node_fact
+from pyinfra_gpunode.operator import handler_problem
 from pyinfra_gpunode.platform import ContainerdPlatformInfo, rancher_note, rancher_nvidia, rancher_restart_reason
 from pyinfra_gpunode.platform import refusal as platform_refusal
 from pyinfra_gpunode.redaction import redacted
@@ -112,6 +113,7 @@ def registration(
     dropin_dir: str = "/etc/containerd/conf.d",
     binary_required: bool = False,
     enable_cdi: bool | None = None,
+    handler: str = "nvidia",
 ) -> Registration:
     """Read the node's containerd facts and judge the planned files (``nvidia_runtime``'s arguments)."""
     _check_absolute("binary", binary)
@@ -186,7 +188,10 @@ def registration(
     }
     current = {path: files["texts"][path] for path in writes if path in files["texts"]}
     if not writes:
+        summary = before["summary"] if before and not before["error"] else None
+        problem = handler_problem(summary["runtimes"], handler, binary) if summary and handler != "nvidia" else None
         return Registration(
+            "containerd config not changed: " + problem if problem else None,
             service=node["service"],
             restart_reason=restart_reason(node["service"], node["dump"]),
             current_cri_problem=current_cri_problem,
@@ -248,6 +253,10 @@ def registration(
             )
         return found
     assert after["summary"] is not None  # a dump without an error has its summary
+    problem = handler_problem(after["summary"]["runtimes"], handler, binary)
+    if problem:
+        found.problem = "containerd config not changed: " + problem
+        return found
     found.service = node["service"]
     found.restart_reason = restart_reason(node["service"], node["dump"])
     found.dropped_runtimes = sorted(set(summarize(before_dump)["runtimes"]) - set(after["summary"]["runtimes"]))
@@ -272,6 +281,7 @@ def nvidia_runtime(
     dropin_dir: str = "/etc/containerd/conf.d",
     binary_required: bool = False,
     enable_cdi: bool | None = None,
+    handler: str = "nvidia",
 ) -> Generator[Any, Any, None]:
     """
     Register the nvidia runtime with containerd's CRI plugin through a drop-in that survives
@@ -288,6 +298,8 @@ def nvidia_runtime(
       ``<dropin_dir>/*.toml``
     + binary_required: fail (instead of warn) when ``binary`` is missing on the node
     + enable_cdi: ``enable_cdi`` (containerd 1.7 and 2.x); ``None`` keeps what a file sets, else on
+    + handler: the runtime name the cluster's RuntimeClass uses; the candidate config must have a
+      runtime of that name whose ``BinaryName`` is ``binary``, else the host fails naming it
 
     The nvidia runtime is a copy of the default runtime's entry (options, ``base_runtime_spec``,
     sandbox settings…) with ``binary`` as its ``BinaryName``; a value a file sets for a key
@@ -330,7 +342,7 @@ def nvidia_runtime(
         )
     """
     found = registration(
-        binary, systemd_cgroup, default_runtime, cdi_spec_dirs, dropin_dir, binary_required, enable_cdi
+        binary, systemd_cgroup, default_runtime, cdi_spec_dirs, dropin_dir, binary_required, enable_cdi, handler
     )
     if not found.installed and not state.is_executing:
         host.noop("containerd is not installed yet; the runtime is registered once it is")

@@ -40,6 +40,7 @@ from pyinfra_gpunode.facts.nvidia import (
     NvidiaHostStateInfo,
     ToolkitInfo,
 )
+from pyinfra_gpunode.facts.operator import GpuOperatorState
 from pyinfra_gpunode.hostdata import REBOOT_TIMEOUTS
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import _lock
@@ -48,6 +49,7 @@ from pyinfra_gpunode.operations._atomic import write_file
 from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import node_fact
+from pyinfra_gpunode.operator import DRIVER_ROOT, driver_from_container
 from pyinfra_gpunode.toolkit_plan import (
     ToolkitRequestError,
     check_toolkit,
@@ -281,6 +283,11 @@ def _to_install(plan: DriverPlan, installed: dict[str, str]) -> dict[str, str]:
     return {n: v for n, v in plan.packages.items() if n not in installed or (v and installed[n] != v)}
 
 
+def _from_driver_container(loaded: DriverInfo) -> bool:
+    operator = node_fact(GpuOperatorState)
+    return driver_from_container(loaded, operator)
+
+
 def _preinstalled(description: str, loaded: DriverInfo, reboot: bool, timeout: int) -> Generator[Any, Any, None]:
     """Accept the node's own driver: nothing to run (the plan says so), or with ``reboot`` the
     reboot a userspace newer than the loaded module waits for, and the check after it."""
@@ -293,6 +300,8 @@ def _preinstalled(description: str, loaded: DriverInfo, reboot: bool, timeout: i
         return
     if loaded["mismatch"]:
         description += f"; its userspace library is {loaded['userspace_version']}: reboot pending"
+    elif not loaded["userspace_version"] and _from_driver_container(loaded):
+        description += f"; its userspace is the GPU Operator's driver container's ({DRIVER_ROOT})"
     elif not loaded["userspace_version"]:
         description += "; the loader finds no libnvidia-ml.so.1 for it"
     if not state.is_executing:

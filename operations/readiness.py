@@ -32,6 +32,7 @@ def reported(
     json_path: str | None = None,
     fail_not_ready: bool = True,
     cdi_spec_dirs: list[str] | None = None,
+    handler: str = "nvidia",
 ) -> Generator[Any, Any, None]:
     """
     Read the node's readiness chain in one command, changing nothing, and report it: once every
@@ -43,6 +44,7 @@ def reported(
     + fail_not_ready: fail a node that is not ready, naming its first broken link
     + cdi_spec_dirs: CDI spec directories besides ``/etc/cdi`` and ``/var/run/cdi`` whose specs are
       checked too (containerd's ``cdi_spec_dirs``)
+    + handler: the runtime name the cluster's RuntimeClass uses (checked to run ``binary``)
 
     The report reads the same with and without ``--dry``; a node that is not ready fails when the
     operations run (``-y``), so the exit status is non-zero. The JSON file (schema 1) lists every
@@ -58,7 +60,8 @@ def reported(
     run = current_state()
     reports = REPORTS.setdefault(run, {})
     if host.name not in reports:
-        reports[host.name] = assess(host.name, _readiness_facts(binary, cdi_spec_dirs), binary, cdi_spec_path)
+        facts = _readiness_facts(binary, cdi_spec_dirs)
+        reports[host.name] = assess(host.name, facts, binary, cdi_spec_path, handler)
         _print_when_complete(run, reports, json_path)
     report = reports[host.name]
     first = report.first_broken

@@ -58,8 +58,9 @@ CASES = [Case("debian-packaged", v) for v in BOTH] + [
     *(Case("nvidia-ctk-inplace", v) for v in BOTH),
     *(Case("nvidia-ctk-inplace-default", v) for v in BOTH),
     *(Case("nvidia-ctk-dropin", v) for v in BOTH),
-    *(Case("gpu-operator-toolkit", v) for v in BOTH),
-    Case("gpu-operator-toolkit-v3", "2.1.9"),
+    # The operator's toolkit manages the runtime there: refused unless gpunode_take_over_runtime.
+    *(Case("gpu-operator-toolkit", v, refusal="toolkit.enabled=false") for v in BOTH),
+    Case("gpu-operator-toolkit-v3", "2.1.9", refusal="toolkit.enabled=false"),
     *(Case("aks-gpu-v2", v) for v in BOTH),
     Case("aks-gpu-containerd2", "2.1.9"),
     *(Case("gke-cos-mirrors", v) for v in BOTH),

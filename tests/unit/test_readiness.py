@@ -351,7 +351,7 @@ def test_node_without_gpu_has_only_containerd_links() -> None:
     facts["host"]["pci"] = fixture("nvidia.NvidiaGpus/no_gpu")
     facts["toolkit"] = fixture("nvidia.NvidiaContainerToolkit/absent")
     found = states(facts)
-    gpu_links = [name for name in found if not name.startswith("containerd")]
+    gpu_links = [name for name in found if not name.startswith(("containerd", "runtime_"))]
     assert {found[name] for name in gpu_links} == {NOT_APPLICABLE}
     assert found["containerd_config"] == found["containerd_running"] == OK
 
@@ -373,9 +373,11 @@ def test_fleet_summary_groups_nodes_by_first_broken_link_and_json_matches_the_te
     }  # fmt: skip
     for report, node in zip(reports, document["nodes"], strict=True):
         table = node_text(report).splitlines()
-        assert [f"  {link['state']:<7} {link['id']:<23}  {link['detail']}" for link in node["links"]] == table[1:17]
+        width = max(len(link["id"]) for link in node["links"])
+        rows = [f"  {link['state']:<7} {link['id']:<{width}}  {link['detail']}" for link in node["links"]]
+        assert rows == table[1 : 1 + len(rows)]
         if not node["ready"]:
-            assert table[17:] == [f"  cause: {node['cause']}", f"  fix:   {node['fix']}"]
+            assert table[1 + len(rows) :] == [f"  cause: {node['cause']}", f"  fix:   {node['fix']}"]
 
 
 @pytest.mark.parametrize("line", ["source=journal", "count=0"])

@@ -30,6 +30,7 @@ def test_wheel_ships_the_verification_suite(tmp_path: Path) -> None:
     assert "pyinfra_gpunode/facts/shell/cdi-specs.sh" in names  # read when facts.cdi loads
     assert "pyinfra_gpunode/facts/shell/cdi-refresh-units.sh" in names  # read when facts.cdi loads
     assert "pyinfra_gpunode/facts/shell/containerd-platform.sh" in names  # read when facts.platform loads
+    assert "pyinfra_gpunode/facts/shell/gpu-operator.sh" in names  # read when facts.operator loads
     (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
     assert (
         "[pytest11]\ngpunode_verify = pyinfra_gpunode.verify.plugin"
