@@ -83,10 +83,7 @@ def test_disabled_cri_plugin_is_named_instead_of_missing_runtimes(root: Path) ->
     before = tree(root)
     done = deploy(root, "-y")
     assert not done.startswith("rc=0"), done
-    assert (
-        "the candidate config: the CRI plugin is disabled: disabled_plugins names io.containerd.grpc.v1.cri "
-        f"(in /{CONFIG})" in done
-    ), done
+    assert f"/{CONFIG}: the CRI plugin is disabled (disabled_plugins names io.containerd.grpc.v1.cri)" in done, done
     assert "runtime nvidia is missing" not in done
     assert "is not defined" not in done
     assert tree(root) == before

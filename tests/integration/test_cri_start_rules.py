@@ -138,15 +138,22 @@ def test_required_cri_plugin_makes_the_real_daemon_exit(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_disabled_cri_plugin_is_named_not_a_missing_runtime(tmp_path: Path, version: str) -> None:
+    """A drop-in disables the CRI plugin (config.toml itself doing so is refused by the planner)."""
     schema, _runtime, _images = names(version)
+    dropin = f"{CONFD}/10-no-cri.toml"
     host = build(
-        tmp_path, version, {CONFIG: f'version = {schema}\n{IMPORTS}disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'}
+        tmp_path,
+        version,
+        {
+            CONFIG: f"version = {schema}\n{IMPORTS}",
+            dropin: f'version = {schema}\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n',
+        },
     )
     staged, files = candidate(host)
     assert staged["error"] is None, staged["error"]
     (finding,) = cri_start_findings(staged["dump"], files)
     assert finding.message.startswith(
-        f"the CRI plugin is disabled: disabled_plugins names io.containerd.grpc.v1.cri (in {CONFIG})"
+        f"the CRI plugin is disabled: disabled_plugins names io.containerd.grpc.v1.cri (in {dropin})"
     )
 
 
