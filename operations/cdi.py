@@ -21,10 +21,12 @@ from pyinfra_gpunode.facts.cdi import (
     refresh_installed,
 )
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaGpus
+from pyinfra_gpunode.facts.operator import GpuOperatorState
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import node_fact
+from pyinfra_gpunode.operator import DRIVER_ROOT, driver_from_container
 from pyinfra_gpunode.toolkit_plan import REFRESH_DROPIN_TEXT, REFRESH_SPEC, cdi_owner
 
 DEFAULT_SPEC = "/etc/cdi/nvidia.yaml"
@@ -86,7 +88,8 @@ def spec(path: str = DEFAULT_SPEC, owner: str = "project") -> Generator[Any, Any
     if error:
         yield fail(error)
         return
-    loaded = node_fact(NvidiaDriver)["kernel_module_version"]
+    driver = node_fact(NvidiaDriver)
+    loaded = driver["kernel_module_version"]
     if not loaded:
         host.noop("no NVIDIA driver is loaded; CDI spec not generated")
         return
@@ -105,7 +108,9 @@ def spec(path: str = DEFAULT_SPEC, owner: str = "project") -> Generator[Any, Any
     tmp = f"{path}.gpunode-tmp"
     yield StringCommand("echo", QuoteString(reason))
     yield StringCommand("mkdir", "-p", QuoteString(path.rsplit("/", 1)[0]))
-    yield StringCommand("nvidia-ctk", "cdi", "generate", "--format=yaml", QuoteString(f"--output={tmp}"))
+    # A driver from the GPU Operator's driver container: its libraries lie under the container's root.
+    root = [f"--driver-root={DRIVER_ROOT}"] if driver_from_container(driver, node_fact(GpuOperatorState)) else []
+    yield StringCommand("nvidia-ctk", "cdi", "generate", "--format=yaml", *root, QuoteString(f"--output={tmp}"))
     yield StringCommand("chmod", "644", QuoteString(tmp), "&&", "mv", "-f", QuoteString(tmp), QuoteString(path))
 
 
