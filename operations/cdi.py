@@ -109,7 +109,8 @@ def spec(path: str = DEFAULT_SPEC, owner: str = "project") -> Generator[Any, Any
     yield StringCommand("echo", QuoteString(reason))
     yield StringCommand("mkdir", "-p", QuoteString(path.rsplit("/", 1)[0]))
     # A driver from the GPU Operator's driver container: its libraries lie under the container's root.
-    root = [f"--driver-root={DRIVER_ROOT}"] if driver_from_container(driver, node_fact(GpuOperatorState)) else []
+    operator = node_fact(GpuOperatorState)
+    root = [f"--driver-root={DRIVER_ROOT}"] if driver_from_container(driver, operator) else []
     yield StringCommand("nvidia-ctk", "cdi", "generate", "--format=yaml", *root, QuoteString(f"--output={tmp}"))
     yield StringCommand("chmod", "644", QuoteString(tmp), "&&", "mv", "-f", QuoteString(tmp), QuoteString(path))
 
