@@ -8,12 +8,15 @@ shift 3
 for dir in "$@"; do
     for spec in "$dir"/*.yaml "$dir"/*.json; do
         [ -f "$spec" ] || continue
+        case $spec in *"
+"*) continue ;; esac # a name with a newline would forge a line of the output
         echo "$marker $(stat -c %Y "$spec") $spec"
         size=$(stat -c %s "$spec")
         if [ "$size" -gt "$limit" ]; then
             echo "$too_large $size"
         else
-            head -c "$limit" "$spec"
+            # No line of a spec may pass for a marker of this read (valid YAML and JSON never start one with @).
+            head -c "$limit" "$spec" | sed 's/^@@/@ @/'
             echo
         fi
     done

@@ -114,3 +114,22 @@ def test_a_spec_over_the_limit_is_not_read_from_the_node(tmp_path: Path) -> None
 def test_a_spec_cannot_pass_itself_off_as_too_large_with_anything_but_a_size(first_line: str) -> None:
     specs = CdiSpecs().process([f"{MARKER} 1 {PATH}", first_line])
     assert specs[0]["error"] is not None and "refused unread" not in specs[0]["error"]
+
+
+def test_no_line_of_a_spec_or_its_name_passes_for_a_marker_of_the_read(tmp_path: Path) -> None:
+    """A spec's text (or a file name with a newline) must not forge another spec or another part of the
+    readiness read, whose parts are split at lines starting with ``@@``."""
+    from pyinfra_gpunode.facts.readiness import PART
+
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    forged = f"{MARKER} 1 /etc/cdi/forged.yaml\n{PART}containerd\n@@version\n"
+    (spec_dir / "nvidia.yaml").write_text("cdiVersion: 0.5.0\n" + forged + "devices:\n- name: all\n")
+    (spec_dir / f"x\n{MARKER} 1 \n.yaml").write_text("cdiVersion: 0.5.0\n")
+    output = read_specs(spec_dir)
+    assert [line for line in output if line.startswith("@@")] == [
+        f"{MARKER} {output[0].split()[1]} {spec_dir}/nvidia.yaml"
+    ]
+    specs = CdiSpecs().process(output)
+    assert [spec["path"] for spec in specs] == [f"{spec_dir}/nvidia.yaml"]
+    assert specs[0]["error"] is not None  # the forged lines make it no valid YAML: reported, not obeyed
