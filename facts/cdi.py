@@ -329,8 +329,9 @@ class CdiRefreshUnits(FactBase[CdiRefreshInfo]):
 
     @override
     def process(self, output: list[str]) -> CdiRefreshInfo:
-        units = [line.removeprefix("unit ") for line in output if line.startswith("unit /")]
         dropin = output.index("dropin") if "dropin" in output else None
+        listed = output if dropin is None else output[:dropin]  # the drop-in's own text lists no unit
+        units = [line.removeprefix("unit ") for line in listed if line.startswith("unit /")]
         text = None if dropin is None else "".join(f"{line}\n" for line in output[dropin + 1 :])
         return {"units": units, "dropin": text}
 

@@ -10,7 +10,7 @@ from pyinfra.api import FactBase
 from typing_extensions import override
 
 from pyinfra_gpunode.containerd_dump import CriLoaded
-from pyinfra_gpunode.facts.cdi import CdiSpec, CdiSpecs
+from pyinfra_gpunode.facts.cdi import CdiRefreshInfo, CdiRefreshUnits, CdiSpec, CdiSpecs
 from pyinfra_gpunode.facts.containerd import ContainerdCriLoaded, ContainerdNodeState, ContainerdNodeStateInfo
 from pyinfra_gpunode.facts.nvidia import (
     NvidiaContainerToolkit,
@@ -58,6 +58,7 @@ READINESS_PARTS = (
     "host", "nvml", "toolkit", "cdi", "containerd", "cri", "xid", "containerd_journal", "validations", "device_plugin",
     "dev_nodes",
     "operator",
+    "cdi_refresh",
 )  # fmt: skip
 _SIGNAL = re.compile(r"Sent signal (SIG[A-Z0-9+]+) to main process|code=(?:killed|dumped), status=\d+/(\w+)")
 
@@ -93,6 +94,7 @@ class NodeReadinessInfo(TypedDict):
     device_plugin: list[str] | None
     dev_nodes: NotRequired[list[str] | None]  # character devices under /dev/nvidia*, /dev/dri (None: not read)
     operator: GpuOperatorInfo
+    cdi_refresh: NotRequired[CdiRefreshInfo]  # the toolkit's CDI refresh units and our drop-in for them
 
 
 def parse_xid(lines: list[str]) -> XidInfo:
@@ -189,6 +191,7 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
             "device_plugin": DEVICE_PLUGIN_SCRIPT,
             "dev_nodes": DEV_NODES_SCRIPT,
             "operator": GpuOperatorState().command(),
+            "cdi_refresh": CdiRefreshUnits().command(),
         }
         return join_parts(PART, {name: parts[name] for name in READINESS_PARTS}) + "; true"
 
@@ -209,4 +212,5 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
             "device_plugin": parse_listing(parts.get("device_plugin", [])),
             "dev_nodes": parse_dev_nodes(parts.get("dev_nodes", [])),
             "operator": GpuOperatorState().process(parts.get("operator", [])),
+            "cdi_refresh": CdiRefreshUnits().process(parts.get("cdi_refresh", [])),
         }

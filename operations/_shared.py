@@ -28,7 +28,7 @@ from pyinfra import host, state
 from pyinfra.api import FactBase, State
 from pyinfra.facts.server import LinuxDistribution
 
-from pyinfra_gpunode.facts.cdi import CdiSpecs
+from pyinfra_gpunode.facts.cdi import CdiRefreshUnits, CdiSpecs
 from pyinfra_gpunode.facts.containerd import (
     ContainerdConfigDump,
     ContainerdConfigFiles,
@@ -90,6 +90,7 @@ _PART_OF: dict[Fact, tuple[Fact, Callable[[Any], Any], Held]] = {
     NvidiaContainerToolkit: (NodeReadiness, lambda v: v["toolkit"], _no_arguments),
     CdiSpecs: (NodeReadiness, lambda v: v["cdi"], _no_arguments),
     GpuOperatorState: (NodeReadiness, lambda v: v.get("operator", _NOT_HELD), _no_arguments),
+    CdiRefreshUnits: (NodeReadiness, lambda v: v.get("cdi_refresh", _NOT_HELD), _no_arguments),
     ContainerdNodeState: (NodeReadiness, lambda v: v["containerd"], lambda a, v: {"binary": a["binary"]}),
     ContainerdService: (ContainerdNodeState, lambda v: v["service"], _no_arguments),
     ContainerdPlatform: (ContainerdNodeState, lambda v: v.get("platform", _NOT_HELD), _no_arguments),

@@ -59,3 +59,11 @@ def test_the_cdi_spec_has_one_owner() -> None:
         "(NVIDIA Container Toolkit 1.18 or later installs it)"
     )
     assert cdi_owner("toolkit", True)[1] == "CDI spec owner must be one of auto, project, refresh, got 'toolkit'"
+
+
+def test_a_refresh_drop_in_cannot_list_units_of_its_own() -> None:
+    """The drop-in's text is the node's: a line of it that looks like a unit is not one."""
+    from pyinfra_gpunode.facts.cdi import CdiRefreshUnits, refresh_installed
+
+    found = CdiRefreshUnits().process(["dropin", "unit /etc/systemd/system/nvidia-cdi-refresh.service"])
+    assert found["units"] == [] and not refresh_installed(found)
