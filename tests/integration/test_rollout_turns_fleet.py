@@ -332,51 +332,68 @@ def test_a_hostname_that_is_no_node_name_fails_its_node_before_any_hook(
     dry = deploy(path, "--dry")
     assert f"[tn2] plan: the node's hostname '{HOSTILE_HOSTNAME}' is not a valid Kubernetes node name" in dry.stdout
     assert f"before-hook on the controller: {hook} before tn2" not in dry.stdout, dry.stdout
-    before = untouched(fleet)
+    before = (main_pid(fleet, "tn2"), digest(fleet, "tn2", "/etc/containerd"))
 
     run = deploy(path, "-y")
     assert run.returncode != 0, run.stdout
     assert "is not a valid Kubernetes node name" in summary_row(run.stdout, "tn2")
     assert [call["argv"][:2] for call in calls(hook)] == [["before", "tn1"], ["after", "tn1"]]
     assert all(HOSTILE_HOSTNAME not in value for call in calls(hook) for value in call["env"].values())
-    assert untouched(fleet)["tn2"] == before["tn2"]
+    assert (main_pid(fleet, "tn2"), digest(fleet, "tn2", "/etc/containerd")) == before  # its turn never began
     assert "halted: not touched after the failure on tn2" in summary_row(run.stdout, "tn3")
 
 
-# A before-hook that, in tn1's turn, deletes tn2's drop-in: tn2 changes after the run read it.
-DELETING_HOOK = """#!{python}
-import subprocess, sys
-if sys.argv[1:3] == ["before", "tn1"]:
-    subprocess.run(["ssh", "-F", {ssh_config!r}, "tn2", "rm -f {dropin}"], check=True, timeout=60)
+# A before-hook that, in tn1's turn, adds a registry drop-in to tn2: tn2 changes after the run read it.
+ADDING_HOOK = """#!{python}
+import os, subprocess, sys
+if sys.argv[1:3] == ["before", "tn1"] and os.path.exists({armed!r}):
+    subprocess.run(["ssh", "-F", {ssh_config!r}, "tn2", "mkdir -p /etc/containerd/conf.d && cat > {registry}"],
+                   input={text!r}, text=True, check=True, timeout=60)
 """
 DROPIN = "/etc/containerd/gpunode/nvidia-runtime.toml"
-# tn2's containerd refuses to start while our drop-in exists: only a write of it fails the restart.
+REGISTRY = "/etc/containerd/conf.d/50-registry.toml"
+REGISTRY_TEXT = (
+    'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d"\n'
+)
+# tn2's containerd refuses to start once our drop-in carries the registry's key: only the turn's write fails it.
 INJECT_FAILURE = (
     "mkdir -p /etc/systemd/system/containerd.service.d && printf '%s\\n' '[Service]' "
-    f"'ExecStartPre=/bin/sh -c \"test ! -e {DROPIN}\"' "
+    f"'ExecStartPre=/bin/sh -c \"! grep -q certs.d {DROPIN}\"' "
     "> /etc/systemd/system/containerd.service.d/test-failure.conf && systemctl daemon-reload"
 )
 
 
 def test_a_turn_backs_up_what_it_reads_under_its_lock(fleet: Fleet, tmp_path: Path) -> None:
-    """tn2 reads as restart-only when the run starts, then loses its drop-in before its turn: the turn
-    reads it again, backs up before writing, and restores that backup when the restart fails."""
+    """tn2 reads as restart-only when the run starts, then gets a registry drop-in before its turn: the
+    turn reads it again, backs up before writing our drop-in anew, and restores that backup when the
+    restart fails (the run's read would have taken no backup: "this run wrote no containerd config")."""
     fleet.reset(NODES)
-    hook = tmp_path / "deleting-hook"
-    hook.write_text(DELETING_HOOK.format(python=sys.executable, ssh_config=str(fleet.ssh_config_path), dropin=DROPIN))
+    hook = tmp_path / "adding-hook"
+    hook.write_text(
+        ADDING_HOOK.format(
+            python=sys.executable,
+            armed=str(tmp_path / "armed"),
+            ssh_config=str(fleet.ssh_config_path),
+            registry=REGISTRY,
+            text=REGISTRY_TEXT,
+        )
+    )
     hook.chmod(0o755)
     path = inventory(fleet, tmp_path, hook, gpunode_rollout_after=[])
-    assert deploy(path, "-y").returncode == 0  # converged, tn2's drop-in in place
+    first = deploy(path, "-y")
+    assert first.returncode == 0, first.stdout  # converged
     for node in ("tn1", "tn2"):
         sh(fleet, node, "touch /etc/containerd/config.toml")  # a restart pending, nothing to write
     sh(fleet, "tn2", INJECT_FAILURE)
+    (tmp_path / "armed").touch()  # this run's before-hook of tn1 adds tn2's registry drop-in
 
     run = deploy(path, "-y")
     assert run.returncode != 0, run.stdout
     assert "the config this run wrote was replaced by the backup taken before it" in run.stdout, run.stdout
     assert "this run wrote no containerd config" not in run.stdout
     assert sh(fleet, "tn2", "systemctl is-active containerd").strip() == "active"
-    assert sh(fleet, "tn2", f"test -e {DROPIN} || echo absent").strip() == "absent"  # as the backup holds it
+    assert "certs.d" not in sh(fleet, "tn2", f"cat {DROPIN}")  # our drop-in as the backup holds it
+    assert sh(fleet, "tn2", f"cat {REGISTRY}") == REGISTRY_TEXT  # the user's file kept
 
 
 CRI_FAILING_DROPIN = """version = 2
