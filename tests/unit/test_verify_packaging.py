@@ -28,6 +28,7 @@ def test_wheel_ships_the_verification_suite(tmp_path: Path) -> None:
         assert f"pyinfra_gpunode/operations/shell/{script}.sh" in names  # read when the operations load
     assert "pyinfra_gpunode/facts/shell/unit-config.sh" in names  # read when facts.containerd loads
     assert "pyinfra_gpunode/facts/shell/cdi-specs.sh" in names  # read when facts.cdi loads
+    assert "pyinfra_gpunode/hook_supervisor.py" in names  # run by file path for every rollout hook
     assert "pyinfra_gpunode/facts/shell/cdi-refresh-units.sh" in names  # read when facts.cdi loads
     assert "pyinfra_gpunode/facts/shell/containerd-platform.sh" in names  # read when facts.platform loads
     assert "pyinfra_gpunode/facts/shell/gpu-operator.sh" in names  # read when facts.operator loads
