@@ -19,12 +19,14 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 
 from . import preflight
 from .fleet import DEFAULT_HOSTS, Fleet, HostSpec
 from .paths import cache_dir
+from .roots import RootRecipe, ensure_root
 
 SKIP_VARIABLE = "GPUNODE_SKIP_FLEET"
 
@@ -62,6 +64,13 @@ def fleet_factory() -> Iterator[FleetFactory]:
         yield make
         for fleet in reversed(booted):
             fleet.down()
+
+
+@pytest.fixture(scope="session")
+def trixie_root() -> Path:
+    """The cached Debian trixie root (containerd 1.7.24) that chroot tests lay writable copies over."""
+    require_fleet()
+    return ensure_root(RootRecipe("trixie"))
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet.plugin import require_fleet
-from tests.fleet.roots import RootRecipe, ensure_root, planted_copies
+from tests.fleet.roots import planted_copies
 from tests.integration.gpu_state import (
     DRIVER,
     LIBRARY,
@@ -61,16 +60,10 @@ NODES: dict[str, Callable[[Path], None]] = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def lower() -> Path:
-    require_fleet()
-    return ensure_root(RootRecipe("trixie"))
-
-
 @pytest.fixture
-def roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
+def roots(trixie_root: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
     """One writable overlay of the trixie root per kind of node, its GPU state planted."""
-    with planted_copies(lower, tmp_path, NODES) as copies:
+    with planted_copies(trixie_root, tmp_path, NODES) as copies:
         yield copies
 
 

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet.plugin import require_fleet
-from tests.fleet.roots import RootRecipe, ensure_root, planted_copies
+from tests.fleet.roots import planted_copies
 from tests.integration.gpu_state import DRIVER, libnvidia_ml, plant_gpu, plant_library, plant_module, write
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,16 +66,10 @@ def driver_container(root: Path) -> None:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def lower() -> Path:
-    require_fleet()
-    return ensure_root(RootRecipe("trixie"))
-
-
 @pytest.fixture
-def roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
+def roots(trixie_root: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
     nodes = {"toolkit": operator_toolkit, "container": driver_container, "plain": lambda root: None}
-    with planted_copies(lower, tmp_path, nodes) as copies:
+    with planted_copies(trixie_root, tmp_path, nodes) as copies:
         yield copies
 
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from pyinfra_gpunode.facts.nvidia import NvidiaAptVersions, NvidiaDriver, NvidiaHostState, NvmlInfo
-from tests.fleet.plugin import require_fleet
-from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
+from tests.fleet.roots import writable_copy
 from tests.integration.gpu_state import DRIVER, plant_gpu, plant_module, write
 
 pytestmark = pytest.mark.fleet
@@ -61,15 +60,9 @@ def nvmlDeviceGetCount():
 '''
 
 
-@pytest.fixture(scope="module")
-def lower() -> Path:
-    require_fleet()
-    return ensure_root(RootRecipe("trixie"))
-
-
 @pytest.fixture
-def root(lower: Path, tmp_path: Path) -> Iterator[Path]:
-    with writable_copy(lower, tmp_path / "node") as merged:
+def root(trixie_root: Path, tmp_path: Path) -> Iterator[Path]:
+    with writable_copy(trixie_root, tmp_path / "node") as merged:
         yield merged
 
 

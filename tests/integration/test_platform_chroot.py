@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet.plugin import require_fleet
-from tests.fleet.roots import RootRecipe, ensure_root, planted_copies
+from tests.fleet.roots import planted_copies
 from tests.integration.gpu_state import write
 from tests.integration.test_gpu_node_chroot import pyinfra
 from tests.realbin.debian import containerd_binary
@@ -148,16 +147,10 @@ FOUND = {
 }
 
 
-@pytest.fixture(scope="module")
-def lower() -> Path:
-    require_fleet()
-    return ensure_root(RootRecipe("trixie"))
-
-
 @pytest.fixture
-def roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
+def roots(trixie_root: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
     """One writable overlay of the trixie root per platform, its layout planted, and a plain one."""
-    with planted_copies(lower, tmp_path, {**PLATFORMS, "plain": plain}) as copies:
+    with planted_copies(trixie_root, tmp_path, {**PLATFORMS, "plain": plain}) as copies:
         yield copies
 
 
@@ -239,9 +232,9 @@ def k3s_not_restarted(root: Path) -> None:
 
 
 @pytest.fixture
-def rancher_roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
+def rancher_roots(trixie_root: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
     recipes = {"k3s": k3s_with_nvidia, "rke2": rke2_with_nvidia, "k3s-not-restarted": k3s_not_restarted}
-    with planted_copies(lower, tmp_path, recipes) as copies:
+    with planted_copies(trixie_root, tmp_path, recipes) as copies:
         yield copies
 
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from tests.fleet.plugin import require_fleet
-from tests.fleet.roots import RootRecipe, ensure_root, planted_copies
+from tests.fleet.roots import planted_copies
 from tests.integration.gpu_state import (
     DRIVER,
     cdi_spec,
@@ -151,16 +150,10 @@ NODES: dict[str, tuple[Callable[[Path], None], str | None, str]] = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def lower() -> Path:
-    require_fleet()
-    return ensure_root(RootRecipe("trixie"))
-
-
 @pytest.fixture
-def roots(lower: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
+def roots(trixie_root: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
     """One writable overlay of the trixie root per node, its GPU state planted."""
-    with planted_copies(lower, tmp_path, {name: plant for name, (plant, _, _) in NODES.items()}) as copies:
+    with planted_copies(trixie_root, tmp_path, {name: plant for name, (plant, _, _) in NODES.items()}) as copies:
         yield copies
 
 
