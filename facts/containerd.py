@@ -6,6 +6,7 @@ import base64
 import re
 import shlex
 import tomllib
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypedDict
@@ -433,6 +434,11 @@ class ContainerdService(FactBase[ContainerdServiceInfo | None]):
 
 
 DEFAULT_ADDRESS = "/run/containerd/containerd.sock"
+
+
+def cri_address(dump: Mapping[str, Any] | None) -> str:
+    """containerd's gRPC socket as the merged config (a ``DumpInfo``) sets it (``ctr`` asks the CRI plugin there)."""
+    return str((dump["dump"] if dump else {}).get("grpc", {}).get("address") or DEFAULT_ADDRESS)
 
 
 class ContainerdCriLoaded(FactBase[CriLoaded]):

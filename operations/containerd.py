@@ -33,7 +33,6 @@ from pyinfra_gpunode.containerd_files import (
 )
 from pyinfra_gpunode.cri_rules import cri_start_findings, stopping
 from pyinfra_gpunode.facts.containerd import (
-    DEFAULT_ADDRESS,
     ContainerdCandidateDump,
     ContainerdConfigDump,
     ContainerdConfigFiles,
@@ -43,6 +42,7 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdServiceInfo,
     DumpInfo,
     candidate_input,
+    cri_address,
 )
 from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations._atomic import fail, write_file
@@ -368,11 +368,6 @@ def cri_start_problem(dump: DumpInfo | None, main_path: str, texts: dict[str, st
     if not dump or dump["error"]:
         return None
     return stopping(cri_start_findings(dump["dump"], load_order(resolve_tree(main_path, texts))))
-
-
-def cri_address(dump: DumpInfo | None) -> str:
-    """containerd's gRPC socket as the merged config sets it (``ctr`` asks the CRI plugin there)."""
-    return str((dump["dump"] if dump else {}).get("grpc", {}).get("address") or DEFAULT_ADDRESS)
 
 
 def restart_reason(service: ContainerdServiceInfo | None, dump: DumpInfo | None) -> str | None:

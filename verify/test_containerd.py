@@ -7,11 +7,11 @@ import tomllib
 from pyinfra_gpunode.containerd_dropin import CRI_V2
 from pyinfra_gpunode.containerd_dump import CRI_V3_IMAGES, expected_after_restart, restart_problem
 from pyinfra_gpunode.facts.containerd import (
-    DEFAULT_ADDRESS,
     ContainerdConfigDump,
     ContainerdConfigFiles,
     ContainerdCriLoaded,
     ContainerdService,
+    cri_address,
 )
 from pyinfra_gpunode.hostdata import validate
 
@@ -60,7 +60,7 @@ def test_running_daemon_loaded_nvidia_runtime(node: Node) -> None:
     containerd logs no CRI start line (a log level above info) only the plugin's status is known,
     from ``ctr plugins ls``, and an ``ok`` there is what the rollout accepts too."""
     dump = _merged(node)
-    address = str(dump["dump"].get("grpc", {}).get("address") or DEFAULT_ADDRESS)
+    address = cri_address(dump)
     service = read_fact(node, ContainerdService)
     loaded = read_fact(node, ContainerdCriLoaded, address=address) or ContainerdCriLoaded.default()
     assert service is not None, "systemd does not answer"
