@@ -21,6 +21,7 @@ from pyinfra_gpunode.containerd_dump import CriLoaded, DumpSummary, parse_cri_lo
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, resolve_tree
 from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.platform import ContainerdPlatformInfo, owning_platform
+from pyinfra_gpunode.rollout import MARKER_BYTES, TURN_MARKER
 from pyinfra_gpunode.sections import marker, split_sections
 from pyinfra_gpunode.versions import ContainerdVersionInfo, parse_containerd_version
 
@@ -505,6 +506,7 @@ class ContainerdNodeStateInfo(TypedDict):
     binary_present: bool
     service: ContainerdServiceInfo | None
     platform: ContainerdPlatformInfo
+    turn: list[str]  # the mark of a rollout turn cut off on this node (``rollout.parse_turn_mark``), [] if none
 
 
 class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
@@ -513,7 +515,8 @@ class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
     ``ContainerdConfigFiles``, ``ContainerdConfigDump`` of the main config the unit uses,
     whether the runtime ``binary`` exists, ``ContainerdService`` and ``ContainerdPlatform`` (the
     platform that owns containerd, if any), each as those facts return it (``None`` where
-    containerd or systemd is missing).
+    containerd or systemd is missing), and the lines of the mark a rollout turn cut off on this
+    node left (a regular file, at most 4 KiB; ``[]`` where there is none).
 
     + binary: path of the nvidia runtime binary
 
@@ -522,7 +525,7 @@ class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
         {"version": {"major": 1, "minor": 7, ...}, "files": {"main_path": "...", ...},
          "dump": {"summary": {...}, "dump": {...}, "warnings": [], "error": None},
          "binary_present": True, "service": {"active_state": "active", ...},
-         "platform": {"name": None, "evidence": [], "k0s_managed": None}}
+         "platform": {"name": None, "evidence": [], "k0s_managed": None}, "turn": []}
     """
 
     @override
@@ -542,6 +545,9 @@ class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
                 f"if command -v systemctl >/dev/null 2>&1; then {ContainerdService().command()}; fi",
                 marker("platform"),
                 ContainerdPlatform().command(),
+                marker("turn"),
+                f"if [ -f {TURN_MARKER} ] && [ ! -L {TURN_MARKER} ]; then head -c {MARKER_BYTES} {TURN_MARKER}; "
+                "echo; fi",
             ]
         )
 
@@ -556,4 +562,5 @@ class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
             "binary_present": "present" in sections.get("binary", []),
             "service": ContainerdService().process(service) if service else None,
             "platform": owning_platform(sections.get("platform", [])),
+            "turn": [line for line in sections.get("turn", []) if line.strip()],
         }

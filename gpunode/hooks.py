@@ -77,13 +77,20 @@ def hook_argv(template: Sequence[str], node: str, hostname: str) -> list[str]:
 
 
 def hook_environment(
-    base: Mapping[str, str], which: str, node: str, hostname: str, changes: Sequence[str]
+    base: Mapping[str, str],
+    which: str,
+    node: str,
+    hostname: str,
+    changes: Sequence[str],
+    turn: str = "1/1",
+    batch: str = "batch 1/1",
 ) -> dict[str, str]:
     """The hook's environment: ``base`` (the controller's) plus what this turn is about.
 
     ``GPUNODE_HOOK`` (before/after), ``GPUNODE_NODE``, ``GPUNODE_HOSTNAME``, ``GPUNODE_CHANGES``
-    (the turn's planned changes, one a line) and ``GPUNODE_DRIVER_CHANGE`` (``1`` when the
-    turn changes the driver, else ``0``).
+    (the turn's planned changes, one a line), ``GPUNODE_DRIVER_CHANGE`` (``1`` when the
+    turn changes the driver, else ``0``), ``GPUNODE_TURN`` (``k/n``: the rollout's k-th of n
+    turns) and ``GPUNODE_BATCH`` (its group: ``canary k/n``, ``batch k/n`` or ``resumed k/n``).
     """
     return {
         **base,
@@ -92,4 +99,6 @@ def hook_environment(
         "GPUNODE_HOSTNAME": hostname,
         "GPUNODE_CHANGES": "\n".join(change_lines(changes)),
         "GPUNODE_DRIVER_CHANGE": "1" if any(change.startswith("driver") for change in changes) else "0",
+        "GPUNODE_TURN": turn,
+        "GPUNODE_BATCH": batch,
     }

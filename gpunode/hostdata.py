@@ -22,6 +22,16 @@ class HostDataError(ValueError):
     """A host-data value is unknown or of the wrong type; the message names the key."""
 
 
+def batch_value_problem(value: Any) -> str | None:
+    """Why ``value`` is no ``gpunode_rollout_batch`` (a whole number >= 1 or a percentage
+    ``"N%"`` with 0 < N <= 100), or ``None``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None if value >= 1 else "a whole number must be at least 1"
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{1,3}%", value) and 0 < int(value[:-1]) <= 100:
+        return None
+    return "neither a whole number >= 1 nor a percentage from 1% to 100%"
+
+
 def _is_str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
@@ -100,6 +110,31 @@ KEYS: dict[str, Key] = {
             "hosts whose containerd restarts first, in this order (a canary); the rest follow in inventory "
             "order. Same value on every host (set it for the `all` group)",
             _is_str_list,
+        ),
+        Key(
+            "gpunode_rollout_batch",
+            'int >= 1, or a percentage such as "10%"',
+            1,
+            "how many nodes take their turn at the same time once the canary is done; a percentage is of the "
+            "nodes in the run (rounded down, at least 1). Nodes out of service before the rollout (unreachable, "
+            "containerd down, CRI failed) count against it. Same value on every host",
+            lambda value: batch_value_problem(value) is None,
+        ),
+        Key(
+            "gpunode_rollout_canary",
+            "int >= 0",
+            0,
+            "how many nodes, first in rollout order, take their turn alone before any batch; a failure among them "
+            "halts the rollout. Same value on every host",
+            lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        ),
+        Key(
+            "gpunode_rollout_max_failed",
+            "int >= 0",
+            0,
+            "how many failed turns the rollout goes on past; once more have failed no new turn starts (turns "
+            "already running finish). Same value on every host",
+            lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
         ),
         Key(
             "gpunode_restart_timeout",

@@ -24,7 +24,7 @@ from pyinfra_gpunode.facts.nvidia import NodeKind, NvidiaDriver
 from pyinfra_gpunode.facts.operator import GpuOperatorInfo, GpuOperatorState
 from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.hooks import HOOK_KEYS, check_hook
-from pyinfra_gpunode.hostdata import HostDataError, validate, world_writable_warnings
+from pyinfra_gpunode.hostdata import KEYS, HostDataError, validate, world_writable_warnings
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import (
     cdi,
@@ -52,31 +52,48 @@ from pyinfra_gpunode.operator import (
     take_over_note,
 )
 from pyinfra_gpunode.platform import refusal as platform_refusal
-from pyinfra_gpunode.rollout import NodeReport, NodeSettings, rollout_order
+from pyinfra_gpunode.rollout import NodeReport, NodeSettings, RolloutPolicy, rollout_order
 from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit
 
 
 def settings() -> dict[str, Any]:
-    """This host's validated host data, with the rollout order checked against the inventory."""
+    """This host's validated host data, with the rollout's policy checked against the inventory."""
     values = validate(host.data.dict())
     for key in HOOK_KEYS:
         values[key] = check_hook(key, values[key], shutil.which)
-    values["rollout_order"] = _rollout_order(current_state())
+    values["rollout_policy"] = _rollout_policy(current_state())
     return values
 
 
-# Per run (State): the rollout order, worked out once from the whole inventory, not once per host.
-_ROLLOUT_ORDERS: weakref.WeakKeyDictionary[State, list[str]] = weakref.WeakKeyDictionary()
+# Per run (State): the rollout's policy, worked out once from the whole inventory, not once per host.
+_ROLLOUT_POLICIES: weakref.WeakKeyDictionary[State, RolloutPolicy] = weakref.WeakKeyDictionary()
+# The host-data keys of the whole rollout: one value for every host.
+RUN_WIDE_KEYS = (
+    "gpunode_rollout_order",
+    "gpunode_rollout_batch",
+    "gpunode_rollout_canary",
+    "gpunode_rollout_max_failed",
+)
 
 
-def _rollout_order(run: State) -> list[str]:
-    if run not in _ROLLOUT_ORDERS:
+def _rollout_policy(run: State) -> RolloutPolicy:
+    if run not in _ROLLOUT_POLICIES:
         inventory = list(run.inventory)
-        orders = {tuple(other.data.get("gpunode_rollout_order", [])) for other in inventory}
-        if len(orders) > 1:
-            raise HostDataError("host-data key 'gpunode_rollout_order' differs between hosts; set it once for all")
-        _ROLLOUT_ORDERS[run] = rollout_order([other.name for other in inventory], list(orders.pop()) if orders else [])
-    return _ROLLOUT_ORDERS[run]
+        values = {}
+        for key in RUN_WIDE_KEYS:
+            default = KEYS[key].default
+            seen = {repr(other.data.get(key, default)) for other in inventory}
+            if len(seen) > 1:
+                raise HostDataError(f"host-data key {key!r} differs between hosts; set it once for all")
+            values[key] = inventory[0].data.get(key, default) if inventory else default
+        order = rollout_order([other.name for other in inventory], list(values["gpunode_rollout_order"]))
+        _ROLLOUT_POLICIES[run] = RolloutPolicy(
+            tuple(order),
+            values["gpunode_rollout_batch"],
+            values["gpunode_rollout_canary"],
+            values["gpunode_rollout_max_failed"],
+        )
+    return _ROLLOUT_POLICIES[run]
 
 
 def _runtime(values: dict[str, Any]) -> dict[str, Any]:
@@ -121,6 +138,13 @@ def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
     data is refused, or whose containerd a platform owns (k3s, RKE2, k0s, EKS nodeadm), fails
     with the reason before anything runs on it.
     """
+    try:
+        _register(values)
+    finally:
+        _arrived()
+
+
+def _register(values: dict[str, Any] | None) -> None:
     checked = values is not None  # by gpu_node_prepared, with the GPU layers
     values = values or _accepted_settings(gpu=False)
     if values is None or _platform_refused() or (not checked and _operator_refused(values, gpu=False)):
@@ -138,13 +162,39 @@ def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
         "steps": steps,
     }
     _locked(values)
+    policy: RolloutPolicy = values["rollout_policy"]
     rollout.nvidia_runtime_rolled_out(
-        name="containerd: nvidia runtime rolled out one node at a time",
-        order=values["rollout_order"],
+        name="containerd: nvidia runtime rolled out in turns",
+        order=list(policy.order),
         nodes=nodes,
+        batch=policy.batch,
+        canary=policy.canary,
+        max_failed=policy.max_failed,
         _serial=True,
     )
     rollout.node_unlocked(name="node: lock released")
+
+
+# Per run (State): the hosts whose deploy added its steps (at prepare), and whether the rollout's plan was printed.
+_ARRIVED: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
+_PLAN_PRINTED: weakref.WeakSet[State] = weakref.WeakSet()
+
+
+def _arrived() -> None:
+    """This host's deploy has added its steps; once every host's has (hosts prepare in parallel), a dry
+    run prints the rollout's groups in order from the nodes' plans."""
+    run = current_state()
+    if run.is_executing or run in _PLAN_PRINTED:
+        return
+    arrived = _ARRIVED.setdefault(run, set())
+    arrived.add(host.name)
+    if {other.name for other in run.inventory.get_active_hosts()} <= arrived:
+        _PLAN_PRINTED.add(run)
+        try:
+            policy = _rollout_policy(run)
+        except HostDataError:
+            return  # every host was refused, naming the key
+        rollout.planned_rollout(run, policy)
 
 
 def _platform_refused() -> bool:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import re
+import statistics
 import textwrap
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from pyinfra_gpunode.hostdata import HostDataError
+from pyinfra_gpunode.hostdata import HostDataError, batch_value_problem
+from pyinfra_gpunode.log import shown
 
 
 def rollout_order(inventory: Sequence[str], first: Sequence[str]) -> list[str]:
@@ -24,6 +28,151 @@ def rollout_order(inventory: Sequence[str], first: Sequence[str]) -> list[str]:
     if repeated:
         raise HostDataError(f"host-data key 'gpunode_rollout_order' names hosts twice: {', '.join(repeated)}")
     return [*first, *(name for name in inventory if name not in first)]
+
+
+@dataclass(frozen=True)
+class RolloutPolicy:
+    """How the whole run takes its turns (the same on every host): ``order`` (``rollout_order``),
+    ``batch`` (``gpunode_rollout_batch``: a number or ``"N%"``), ``canary`` and ``max_failed``."""
+
+    order: tuple[str, ...] = ()
+    batch: int | str = 1
+    canary: int = 0
+    max_failed: int = 0
+
+
+def batch_size(batch: int | str, nodes_in_run: int) -> int:
+    """Turns per batch: ``batch`` itself, or its percentage of ``nodes_in_run`` rounded down, at least 1."""
+    problem = batch_value_problem(batch)
+    if problem:
+        raise HostDataError(f"host-data key 'gpunode_rollout_batch': {problem}, got {batch!r}")
+    if isinstance(batch, int):
+        return batch
+    return max(1, nodes_in_run * int(batch[:-1]) // 100)
+
+
+@dataclass(frozen=True)
+class TurnGroup:
+    """Nodes whose turns run at the same time: a ``resumed`` node or a ``canary`` (alone), or a ``batch``."""
+
+    kind: str  # "resumed", "canary" or "batch"
+    index: int  # 1-based, within its kind
+    count: int  # groups of its kind
+    nodes: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.index}/{self.count}"
+
+
+def turn_groups(turns: Sequence[str], canary: int, size: int, resumed: Collection[str] = ()) -> list[TurnGroup]:
+    """
+    The turns in the order they run: each node caught mid-turn by an earlier run alone and first,
+    then the first ``canary`` other nodes each alone, then batches of ``size`` in ``turns`` order.
+    """
+    again = [name for name in turns if name in resumed]
+    rest = [name for name in turns if name not in resumed]
+    canaries, others = rest[:canary], rest[canary:]
+    batches = [tuple(others[start : start + size]) for start in range(0, len(others), max(1, size))]
+    return [
+        *(TurnGroup("resumed", k, len(again), (name,)) for k, name in enumerate(again, 1)),
+        *(TurnGroup("canary", k, len(canaries), (name,)) for k, name in enumerate(canaries, 1)),
+        *(TurnGroup("batch", k, len(batches), names) for k, names in enumerate(batches, 1)),
+    ]
+
+
+def batch_capacity(size: int, out_of_service: int) -> int:
+    """Turns a batch may run at once when ``out_of_service`` nodes of the run are down without a turn of
+    their own (unreachable, or not ready and refused): they count against the batch, at least one turn."""
+    return max(1, size - out_of_service)
+
+
+def plan_lines(groups: Sequence[TurnGroup], out_of_service: Mapping[str, str], size: int, capacity: int) -> list[str]:
+    """The rollout as the plan lists it: every group with its nodes, in order."""
+    lines = []
+    if out_of_service:
+        down = ", ".join(f"{name} ({why})" for name, why in out_of_service.items())
+        lines.append(f"out of service before the rollout, counted against each batch: {down}")
+    if capacity != size:
+        lines.append(f"batches of {capacity} (gpunode_rollout_batch {size}, less {size - capacity} out of service)")
+    lines += [f"{group.label}: {', '.join(group.nodes)}" for group in groups]
+    return lines or ["no node takes a turn"]
+
+
+def progress_line(turn: int, turns: int, group: TurnGroup, node: str, outcome: str, seconds: float, eta: str) -> str:
+    """A turn's end, e.g. ``turn 3/6, batch 1/2: node-a17 done: … in 48 s; ETA 2 min``."""
+    return f"turn {turn}/{turns}, {group.label}: {node} {outcome} in {seconds:.0f} s{eta}"
+
+
+def eta_text(group_seconds: Sequence[float], groups_left: int) -> str:
+    """``; ETA …`` from the mean time of the groups that ended so far; empty when nothing is left."""
+    if not groups_left or not group_seconds:
+        return ""
+    left = statistics.fmean(group_seconds) * groups_left
+    return f"; ETA {left / 60:.0f} min" if left >= 90 else f"; ETA {left:.0f} s"
+
+
+def timing_line(turn_seconds: Mapping[str, float], groups: int, total: float) -> str:
+    """The rollout's timing for the summary: turns, groups, median and longest turn, total."""
+    if not turn_seconds:
+        return f"rollout: no turn taken; {total:.0f} s in all"
+    longest = max(turn_seconds, key=lambda name: turn_seconds[name])
+    return (
+        f"rollout: {len(turn_seconds)} turns in {groups} groups; median turn "
+        f"{statistics.median(turn_seconds.values()):.0f} s, longest {turn_seconds[longest]:.0f} s ({longest}); "
+        f"{total:.0f} s in all"
+    )
+
+
+def halt_lines(failed: Sequence[str], untouched: Sequence[str]) -> list[str]:
+    """What a halted rollout left, and how to continue it."""
+    return [
+        f"rollout halted: failed: {', '.join(failed) or 'none'}; not touched: {', '.join(untouched) or 'none'}",
+        "run the same command again to continue: converged nodes take no turn, a node caught mid-turn takes "
+        "its turn first (restarted and verified, or rolled back), the rest follow in rollout order",
+    ]
+
+
+# A turn in progress is marked on its node (``TURN_MARKER``) from before its before-hook until its
+# after-hook ended; a later run finds the mark of a turn that was cut off and takes that turn first.
+TURN_MARKER = "/var/lib/pyinfra-gpunode/turn.json"
+_BACKUP = re.compile(r"/var/lib/pyinfra-gpunode/backup/containerd-[0-9]{8}T[0-9]{6}\.[0-9]{6}Z\.tar")
+MARKER_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class TurnMark:
+    """A turn cut off on this node: when it started, and the backup it took before writing (if it had)."""
+
+    started: str
+    backup: str | None = None
+    backup_cri_problem: str | None = None
+
+
+def turn_mark_text(started: str, backup: str | None = None, backup_cri_problem: str | None = None) -> str:
+    return json.dumps({"started": started, "backup": backup, "backup_cri_problem": backup_cri_problem}) + "\n"
+
+
+def parse_turn_mark(lines: Sequence[str]) -> tuple[TurnMark | None, str | None]:
+    """The mark read from the node (untrusted): ``(mark, None)``, ``(None, None)`` when there is none, or
+    ``(mark without a backup, why its content was not used)``: a node with a mark takes its turn
+    either way, but a backup path or text that is not what this project writes is never used."""
+    text = "\n".join(lines).strip()
+    if not text:
+        return None, None
+    try:
+        data = json.loads(text) if len(text) <= MARKER_BYTES else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return TurnMark("unknown"), f"{TURN_MARKER} is not what gpunode writes: {shown(text, 80)}"
+    started, backup, problem = data.get("started"), data.get("backup"), data.get("backup_cri_problem")
+    started = started if isinstance(started, str) and re.fullmatch(r"[0-9TZ:.+-]{1,40}", started) else "unknown"
+    if backup is not None and not (isinstance(backup, str) and _BACKUP.fullmatch(backup)):
+        return TurnMark(started), f"{TURN_MARKER} names a backup gpunode does not write: {shown(str(backup), 80)}"
+    if problem is not None and not (isinstance(problem, str) and len(problem) <= 1000 and problem.isprintable()):
+        return TurnMark(started), f"{TURN_MARKER} holds an unreadable CRI finding: its backup is not used"
+    return TurnMark(started, backup, problem), None
 
 
 @dataclass

@@ -47,11 +47,12 @@ from pyinfra_gpunode.facts.containerd import (
 from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
-from pyinfra_gpunode.operations._shared import facts_unchanged, node_fact
+from pyinfra_gpunode.operations._shared import DEFAULT_BINARY, facts_unchanged, node_fact
 from pyinfra_gpunode.operator import handler_problem
 from pyinfra_gpunode.platform import ContainerdPlatformInfo, rancher_note, rancher_nvidia, rancher_restart_reason
 from pyinfra_gpunode.platform import refusal as platform_refusal
 from pyinfra_gpunode.redaction import redacted
+from pyinfra_gpunode.rollout import TurnMark, parse_turn_mark
 
 BACKUP_DIR = "/var/lib/pyinfra-gpunode/backup"  # mode 0700: the files can carry registry credentials
 FAILED_DIR = "/var/lib/pyinfra-gpunode/failed"  # mode 0700, like the backups
@@ -81,6 +82,9 @@ class Registration:
     # k3s or RKE2, which add the nvidia runtime themselves: nothing is written, their unit restarted.
     platform: ContainerdPlatformInfo | None = None
     note: str | None = None  # what the step says when it has nothing to write
+    # The mark of a rollout turn an earlier run began here and did not end, and why its content was not used.
+    turn_mark: TurnMark | None = None
+    turn_mark_problem: str | None = None
 
     @property
     def restart_pending(self) -> bool:
@@ -105,8 +109,19 @@ class Registration:
         )
 
 
-def registration(
-    binary: str = "/usr/bin/nvidia-container-runtime",
+def registration(**arguments: Any) -> Registration:
+    """Read the node's containerd facts and judge the planned files (``nvidia_runtime``'s arguments), with
+    the mark of a rollout turn an earlier run left unfinished on the node."""
+    found = _registration(**arguments)
+    binary = arguments.get("binary", DEFAULT_BINARY)
+    found.turn_mark, found.turn_mark_problem = parse_turn_mark(
+        node_fact(ContainerdNodeState, binary=binary).get("turn", [])
+    )
+    return found
+
+
+def _registration(
+    binary: str = DEFAULT_BINARY,
     systemd_cgroup: bool | None = None,
     default_runtime: bool = False,
     cdi_spec_dirs: list[str] | None = None,
@@ -115,7 +130,6 @@ def registration(
     enable_cdi: bool | None = None,
     handler: str = "nvidia",
 ) -> Registration:
-    """Read the node's containerd facts and judge the planned files (``nvidia_runtime``'s arguments)."""
     _check_absolute("binary", binary)
     _check_absolute("dropin_dir", dropin_dir)
     for spec_dir in cdi_spec_dirs or []:
@@ -341,7 +355,7 @@ def nvidia_runtime(
             binary="/usr/bin/nvidia-container-runtime",
         )
     """
-    found = registration(
+    found = _registration(
         binary, systemd_cgroup, default_runtime, cdi_spec_dirs, dropin_dir, binary_required, enable_cdi, handler
     )
     if not found.installed and not state.is_executing:
@@ -474,11 +488,12 @@ def restarted_if_pending(
     backup: str | None = None,
     dropped_runtimes: list[str] | None = None,
     backup_cri_problem: str | None = None,
+    resumed: bool = False,
 ) -> Generator[Any, Any, None]:
     """
     Restart containerd when a config file is newer than the running daemon or the unit is not
-    active (failed, stopped), verify it, and put back what this run changed when the new
-    config does not come up.
+    active (failed, stopped), or a rollout turn cut off by an earlier run is ``resumed``, verify
+    it, and put back what this run changed when the new config does not come up.
 
     + timeout: seconds to wait for the unit to be active and the CRI plugin to report
     + backup: the tar ``config_backed_up`` saved before this run wrote the config; ``None``
@@ -490,6 +505,8 @@ def restarted_if_pending(
     + backup_cri_problem: why the config ``backup`` holds would not start the CRI plugin
       (``Registration.current_cri_problem`` read before the write); a failed restart then puts
       nothing back, since restoring it would take the CRI down as well
+    + resumed: restart and verify even with nothing pending: the turn an earlier run began here
+      (its mark on the node) may have ended anywhere, the restart's verification included
 
     A config that would not start the CRI plugin by its own start rules (``mirrors`` with
     ``config_path``, a disabled CRI plugin, an undefined default runtime, ...) is never restarted
@@ -521,6 +538,8 @@ def restarted_if_pending(
     files = node_fact(ContainerdConfigFiles)
     dump = node_fact(ContainerdConfigDump, config_path=files["main_path"])
     reason = restart_reason(service, dump)
+    if reason is None and resumed:
+        reason = "a turn an earlier run began here is resumed"
     if not service or reason is None:
         host.noop("containerd runs its current config")
         return

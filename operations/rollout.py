@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -17,9 +19,9 @@ from pyinfra.facts.server import Hostname
 
 from pyinfra_gpunode.hook_process import hook_failure, run_hook
 from pyinfra_gpunode.hooks import hook_argv, hook_environment, node_name_problem, placeholders
-from pyinfra_gpunode.log import logger
+from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations import _lock, containerd, platform
-from pyinfra_gpunode.operations._atomic import fail
+from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._internals import (
     changed_operations,
     current_state,
@@ -31,11 +33,23 @@ from pyinfra_gpunode.operations._internals import (
 )
 from pyinfra_gpunode.operations._shared import read_afresh
 from pyinfra_gpunode.rollout import (
+    TURN_MARKER,
     NodeReport,
     NodeSettings,
+    RolloutPolicy,
+    TurnGroup,
+    batch_capacity,
+    batch_size,
+    eta_text,
+    halt_lines,
     node_settings,
+    plan_lines,
+    progress_line,
     summary_table,
+    timing_line,
     turn_changes,
+    turn_groups,
+    turn_mark_text,
     unit_problem,
 )
 
@@ -43,6 +57,10 @@ from pyinfra_gpunode.rollout import (
 OUTCOMES: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
 # Per run (State): node name -> what the earlier steps skipped or left pending, for the summary.
 REPORTS: weakref.WeakKeyDictionary[State, dict[str, NodeReport]] = weakref.WeakKeyDictionary()
+# Per run (State): each node's read and settings as its dry-run plan judged them, for the rollout's plan.
+PLANNED: weakref.WeakKeyDictionary[State, dict[str, tuple[containerd.Registration, NodeSettings]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @operation(is_idempotent=False, idempotent_notice="Takes the lock once per run and node.")
@@ -93,15 +111,22 @@ def node_unlocked() -> Generator[Any, Any, None]:
 
 @operation(is_idempotent=False, idempotent_notice="Writes and restarts only on nodes whose config differs.")
 def nvidia_runtime_rolled_out(
-    order: list[str], nodes: dict[str, NodeSettings] | None = None
+    order: list[str],
+    nodes: dict[str, NodeSettings] | None = None,
+    batch: int | str = 1,
+    canary: int = 0,
+    max_failed: int = 0,
 ) -> Generator[Any, Any, None]:
     """
-    Take every disruptive change node by node in ``order``: a node's turn runs the before-hook,
-    its driver change (and reboot) with the GPU steps after it, writes its containerd files,
-    restarts and verifies containerd, then runs the after-hook; the next node starts only after
-    this one's turn ended. The first failure (a hook that fails, a refused config, a unit that
-    cannot be restarted, a driver that is not loaded after the reboot, or a restart that does
-    not verify and was rolled back) halts the rollout: later nodes are not touched.
+    Take every disruptive change in turns, in ``order``: a node's turn runs the before-hook, its
+    driver change (and reboot) with the GPU steps after it, writes its containerd files,
+    restarts and verifies containerd, then runs the after-hook. First come the nodes an earlier
+    run left mid-turn, each alone, then ``canary`` nodes each alone, then batches of ``batch``
+    turns at the same time; a group starts only when every turn of the one before it ended.
+    A failed turn (a hook that fails, a refused config, a unit that cannot be restarted, a driver
+    that is not loaded after the reboot, or a restart that does not verify and was rolled back)
+    counts against ``max_failed``: once more turns than that have failed, or any canary failed,
+    no new turn starts; turns already running finish with their own verification and rollback.
 
     + order: host names in rollout order (``pyinfra_gpunode.rollout.rollout_order``)
     + nodes: each node's own settings by host name: ``runtime`` (``containerd.nvidia_runtime``
@@ -112,6 +137,11 @@ def nvidia_runtime_rolled_out(
       (the driver changes planned for the turn, as ``nvidia.driver_changes`` lists them) and
       ``steps`` (a callable adding the driver and GPU operations, called at the turn); a node
       not listed takes the defaults
+    + batch: turns at the same time after the canary: a whole number, or a percentage of the
+      nodes in the run (``"10%"``, rounded down, at least 1); nodes out of service before the
+      rollout (unreachable, or down and refused) count against it
+    + canary: how many nodes, first in rollout order, take their turn alone before any batch
+    + max_failed: how many failed turns the rollout goes on past
 
     Add it with ``_serial=True`` for every host. The first host pyinfra runs it on conducts the
     whole rollout through nested operations (pyinfra takes serial hosts in random order), each
@@ -119,27 +149,37 @@ def nvidia_runtime_rolled_out(
     node fails the run with its reason. A node with nothing disruptive to do takes no turn and
     runs no hook. The hooks run on the controller without a shell, with the controller's
     environment plus ``GPUNODE_HOOK``, ``GPUNODE_NODE``, ``GPUNODE_HOSTNAME``,
-    ``GPUNODE_CHANGES`` (the turn's planned changes, one a line) and ``GPUNODE_DRIVER_CHANGE``.
+    ``GPUNODE_CHANGES`` (the turn's planned changes, one a line), ``GPUNODE_DRIVER_CHANGE``,
+    ``GPUNODE_TURN`` (``k/n``) and ``GPUNODE_BATCH`` (``canary 1/1``, ``batch 2/5``, ...);
+    the hooks of a batch run at the same time, their output prefixed with their node.
     A failed before-hook leaves its node untouched; a turn that failed runs no after-hook (the
-    node stays as the before-hook left it, e.g. cordoned). At a node's turn its config tree is
+    node stays as the before-hook left it, e.g. cordoned). A turn marks its node
+    (``/var/lib/pyinfra-gpunode/turn.json``) until its after-hook ended: a later run takes a
+    marked node's turn first, hooks included, restarting and verifying containerd (rolled back
+    to the backup the cut-off turn took, if it took one). At a node's turn its config tree is
     saved (a tar per turn under ``/var/lib/pyinfra-gpunode/backup``) right before its files
     are written, and a failed restart restores only that. A node whose containerd is not
     active is restarted and verified at its turn. Without ``-y`` the prepare pass prints each
-    node's plan, hooks included; hooks never run then.
+    node's plan, hooks included, and the rollout's groups in order; hooks never run then.
 
     **Example:**
 
     .. code:: python
 
         rollout.nvidia_runtime_rolled_out(
-            name="containerd: nvidia runtime, one node at a time",
-            order=["node1", "node2", "node3"],
+            name="containerd: nvidia runtime, in turns",
+            order=["node1", "node2", "node3", "node4"],
             nodes={"node3": {"runtime": {"default_runtime": True}, "timeout": 60, "restart": "rolling",
                              "before": ["kubectl", "drain", "{hostname}", "--ignore-daemonsets"]}},
+            canary=1,
+            batch=2,
+            max_failed=0,
             _serial=True,
         )
     """
     nodes = nodes or {}
+    policy = RolloutPolicy(tuple(order), batch, canary, max_failed)
+    batch_size(batch, len(order))  # refuses a bad value before anything runs
     mine = node_settings(nodes, host.name)
     if not state.is_executing:
         yield from _plan(mine)
@@ -149,7 +189,7 @@ def nvidia_runtime_rolled_out(
         return
     run = current_state()
     if run not in OUTCOMES:
-        _conduct(run, order, nodes)
+        _conduct(run, policy, nodes)
     outcome = OUTCOMES[run].get(host.name, "not in the rollout order")
     if outcome.startswith(("failed", "not in")):
         yield fail(f"containerd rollout {outcome}")
@@ -165,9 +205,11 @@ def _takes_turns(settings: NodeSettings) -> bool:
 
 def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
     found = containerd.registration(**settings["runtime"])
+    PLANNED.setdefault(current_state(), {})[host.name] = (found, settings)
     rolling = settings["restart"] == "rolling"
     unit = _unit_problem(found, settings) or _cri_refusal(found, settings)
     changes = turn_changes(settings["driver"], found.writes, found.restart_reason if rolling else None)
+    changes += _resumed_changes(found) if _takes_turns(settings) else []
     hostname, refused = _hook_hostname(host, settings) if _takes_turns(settings) and changes else ("", None)
     if found.problem or unit or refused:
         logger.warning("%splan: %s", host.print_prefix, found.problem or unit or refused)
@@ -178,11 +220,11 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
         return
     else:
         hooks = _plan_hooks(settings, hostname) if _takes_turns(settings) and changes else []
-        for line in hooks[:1] + settings["driver"]:
+        for line in hooks[:1] + settings["driver"] + _resumed_changes(found):
             logger.info("%splan: %s", host.print_prefix, line)
         if found.writes:
             then = "then restart containerd and verify" if rolling else "no restart (gpunode_containerd_restart: none)"
-            logger.info("%splan: write %s, %s\n%s", host.print_prefix, ", ".join(found.writes), then, found.diff())
+            logger.info("%splan: write %s, %s\\n%s", host.print_prefix, ", ".join(found.writes), then, found.diff())
         elif rolling and found.restart_pending and found.platform:
             logger.info("%splan: %s; restart it and verify", host.print_prefix, found.restart_reason)
         elif rolling and found.restart_pending:
@@ -190,6 +232,25 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
         for line in hooks[1:]:
             logger.info("%splan: %s", host.print_prefix, line)
     yield StringCommand("true")  # marks the change at prepare; at execute the rollout runs instead
+
+
+def _resumed_changes(found: containerd.Registration) -> list[str]:
+    """The line a node an earlier run left mid-turn adds to its turn's changes (``[]`` for others)."""
+    if found.turn_mark is None:
+        return []
+    lines = [f"resume the turn an earlier run began at {found.turn_mark.started}: restart containerd and verify"]
+    if found.turn_mark_problem:
+        logger.warning("%s%s", host.print_prefix, found.turn_mark_problem)
+    return lines
+
+
+def planned_rollout(run: State, policy: RolloutPolicy) -> None:
+    """Print the rollout's groups in order, from the dry-run plans of the nodes that take turns; nothing
+    where no plan was made (with ``-y`` the rollout prints its groups when it starts)."""
+    planned = PLANNED.get(run, {})
+    judged = {name: planned[name] for name in policy.order if name in planned and _takes_turns(planned[name][1])}
+    if judged:
+        logger.info("--> Rollout plan\n%s", "\n".join(_layout(run, policy, judged).lines))
 
 
 def _plan_hooks(settings: NodeSettings, hostname: str) -> list[str]:
@@ -226,37 +287,125 @@ def _backup_path() -> str:
     return f"{containerd.BACKUP_DIR}/containerd-{datetime.now(UTC):%Y%m%dT%H%M%S.%fZ}.tar"
 
 
-def _conduct(state: State, order: list[str], nodes: Mapping[str, NodeSettings]) -> None:
+def _conduct(state: State, policy: RolloutPolicy, nodes: Mapping[str, NodeSettings]) -> None:
+    began = time.monotonic()
     outcomes: dict[str, str] = {}
     OUTCOMES[state] = outcomes
     active = {node.name: node for node in state.inventory.get_active_hosts()}
-    settings = {name: node_settings(nodes, name) for name in order if name in active}
-    turns = [active[name] for name, mine in settings.items() if _takes_turns(mine)]
+    settings = {name: node_settings(nodes, name) for name in policy.order if name in active}
     for name, mine in settings.items():
         if not _takes_turns(mine):
             outcomes[name] = "files only (gpunode_containerd_restart: none)"
-    # Read every node in parallel first; only nodes with something to do take a (serial) turn.
-    checks = {node.name: spawn(state, _check, state, node, settings[node.name]) for node in turns}
-    halted_by = None
-    for node in turns:
-        found = checks[node.name].get()
-        mine = settings[node.name]
-        unit = _unit_problem(found, mine) or _cri_refusal(found, mine)
-        if halted_by:
-            outcomes[node.name] = f"halted: not touched after the failure on {halted_by}"
-        elif unit:
-            outcomes[node.name] = f"failed: {unit}"
-        elif not _turn_needed(found, mine):
-            outcomes[node.name] = "unchanged"
-            if found.note:  # k3s or RKE2 adding nvidia themselves
-                logger.info("%s%s", node.print_prefix, found.note)
+    # Read every node in parallel first; only nodes with something to do take a turn.
+    checks = {
+        name: spawn(state, _check, state, active[name], mine) for name, mine in settings.items() if _takes_turns(mine)
+    }
+    layout = _layout(state, policy, {name: (check.get(), settings[name]) for name, check in checks.items()})
+    logger.info("--> Rollout plan\n%s", "\n".join(layout.lines))
+    for name in layout.unchanged:
+        outcomes[name] = "unchanged"
+        note = layout.judged[name][0].note
+        if note:  # k3s or RKE2 adding nvidia themselves
+            logger.info("%s%s", active[name].print_prefix, note)
+    clock = _Clock(layout.groups)
+    failed: list[str] = []
+    halted = ""
+    for group in layout.groups:
+        if halted:
+            outcomes.update({name: f"halted: {halted}" for name in group.nodes})
+            continue
+        started = time.monotonic()
+        turns = {name: spawn(state, _timed_turn, state, active[name], layout, group, clock) for name in group.nodes}
+        outcomes.update({name: turn.get() for name, turn in turns.items()})
+        clock.group_seconds.append(time.monotonic() - started)
+        failed += [name for name in group.nodes if outcomes[name].startswith("failed")]
+        halted = _halt_reason(group, failed, policy.max_failed)
+    if failed or halted:
+        untouched = [name for name in policy.order if outcomes.get(name, "").startswith("halted")]
+        for line in halt_lines(failed, untouched):
+            logger.warning("--> %s", line)
+    logger.info(
+        "--> Summary (rollout order)\n%s\n%s",
+        summary_table(_reports(state, list(policy.order), outcomes)),
+        timing_line(clock.turn_seconds, len(layout.groups), time.monotonic() - began),
+    )
+
+
+def _halt_reason(group: TurnGroup, failed: list[str], max_failed: int) -> str:
+    """Why no new turn starts after ``group`` ended (``""``: the rollout goes on)."""
+    if group.kind == "canary" and group.nodes[0] in failed:
+        return f"not touched after the failure on the canary {group.nodes[0]}"
+    if len(failed) <= max_failed:
+        return ""
+    if max_failed == 0:
+        return f"not touched after the failure on {failed[0]}"
+    names = ", ".join(failed)
+    return f"not touched after {len(failed)} failed turns ({names}; gpunode_rollout_max_failed is {max_failed})"
+
+
+@dataclass
+class _Layout:
+    """The rollout's groups from every node's read: who takes a turn when, who fails in its slot
+    without being touched (``refused``), who has nothing to do, who is out of service."""
+
+    judged: dict[str, tuple[containerd.Registration, NodeSettings]]
+    groups: list[TurnGroup] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+    unchanged: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+
+def _layout(
+    run: State, policy: RolloutPolicy, judged: dict[str, tuple[containerd.Registration, NodeSettings]]
+) -> _Layout:
+    layout = _Layout(judged)
+    down = {
+        name: "failed or unreachable before the rollout"
+        for name in policy.order
+        if name not in judged and run.inventory.get_host(name) in run.failed_hosts
+    }
+    turns = []
+    for name, (found, mine) in judged.items():
+        refusal = _unit_problem(found, mine) or _cri_refusal(found, mine)
+        if refusal:
+            layout.refused[name] = refusal
+            if found.service and found.service.get("active_state") != "active":
+                down[name] = "containerd not active, and refused"
+        if refusal or _turn_needed(found, mine):
+            turns.append(name)
         else:
-            outcomes[node.name] = _turn(state, node, mine, found)
-        if not outcomes[node.name].startswith(("unchanged", "halted")):
-            logger.info("%scontainerd rollout %s", node.print_prefix, outcomes[node.name])
-        if outcomes[node.name].startswith("failed"):
-            halted_by = halted_by or node.name
-    logger.info("--> Summary (rollout order)\n%s", summary_table(_reports(state, order, outcomes)))
+            layout.unchanged.append(name)
+    size = batch_size(policy.batch, len(judged) + len(down))
+    capacity = batch_capacity(size, len(down))
+    resumed = [name for name in turns if judged[name][0].turn_mark is not None and name not in layout.refused]
+    layout.groups = turn_groups(turns, policy.canary, capacity, resumed)
+    layout.lines = plan_lines(layout.groups, down, size, capacity)
+    return layout
+
+
+@dataclass
+class _Clock:
+    """The rollout's turns as they end: numbering, progress lines, timings."""
+
+    groups: list[TurnGroup]
+    group_seconds: list[float] = field(default_factory=list)
+    turn_seconds: dict[str, float] = field(default_factory=dict)
+
+    def number(self, name: str) -> str:
+        names = [node for group in self.groups for node in group.nodes]
+        return f"{names.index(name) + 1}/{len(names)}"
+
+    def ended(self, node: Host, group: TurnGroup, outcome: str, seconds: float) -> None:
+        if outcome.startswith("unchanged"):
+            return
+        self.turn_seconds[node.name] = seconds
+        left = len(self.groups) - len(self.group_seconds) - 1  # the groups after this turn's
+        eta = eta_text(self.group_seconds or [seconds], left)
+        word = outcome.split(":", 1)[0]
+        turn, turns = self.number(node.name).split("/")
+        logger.info(
+            "%s%s", node.print_prefix, progress_line(int(turn), int(turns), group, node.name, word, seconds, eta)
+        )
 
 
 def _unit_problem(found: containerd.Registration, settings: NodeSettings) -> str | None:
@@ -283,9 +432,9 @@ def _cri_refusal(found: containerd.Registration, settings: NodeSettings) -> str 
 
 def _turn_needed(found: containerd.Registration, settings: NodeSettings) -> bool:
     """Whether the node has anything disruptive to do: a refused config (it fails in its turn), files to
-    write, a restart due (``rolling`` only) or a driver change."""
+    write, a restart due (``rolling`` only), a driver change, or a turn an earlier run left unfinished."""
     restart = found.restart_pending and settings["restart"] == "rolling"
-    return bool(found.problem or found.writes or restart or settings["driver"])
+    return bool(found.problem or found.writes or restart or settings["driver"] or found.turn_mark)
 
 
 def _check(state: State, node: Host, settings: NodeSettings) -> containerd.Registration:
@@ -308,10 +457,38 @@ def _reports(state: State, order: list[str], outcomes: dict[str, str]) -> dict[s
     return reports
 
 
-def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Registration) -> str:
-    """One node's turn: the node lock, and the node read again under it; before-hook; driver and GPU
-    steps; back up, write its files, restart and verify (what it wrote rolled back on failure);
-    after-hook. ``found`` is the run's earlier read: the turn decides from its own. Returns the outcome."""
+def _timed_turn(state: State, node: Host, layout: _Layout, group: TurnGroup, clock: _Clock) -> str:
+    """``node``'s turn in ``group`` (or its failure in its slot, untouched, where it was refused), timed
+    and reported as it ends. An unforeseen error ends this turn only, not the others of its batch."""
+    began = time.monotonic()
+    found, settings = layout.judged[node.name]
+    refused = layout.refused.get(node.name)
+    if refused:
+        outcome = f"failed: {refused}"
+    else:
+        try:
+            outcome = _turn(state, node, settings, found, _Position(clock.number(node.name), group.label))
+        except Exception as error:  # reported as this node's failure
+            outcome = f"failed: {type(error).__name__}: {printable(str(error))[:500]}"
+    if not outcome.startswith(("unchanged", "halted")):
+        logger.info("%scontainerd rollout %s", node.print_prefix, outcome)
+    clock.ended(node, group, outcome, time.monotonic() - began)
+    return outcome
+
+
+@dataclass(frozen=True)
+class _Position:
+    """Where a turn stands in the rollout, for its hooks: ``GPUNODE_TURN`` and ``GPUNODE_BATCH``."""
+
+    turn: str = "1/1"
+    batch: str = "batch 1/1"
+
+
+def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Registration, position: _Position) -> str:
+    """One node's turn: the node lock, and the node read again under it; the turn's mark; before-hook;
+    driver and GPU steps; back up, write its files, restart and verify (what it wrote rolled back on
+    failure); after-hook; the mark removed. ``found`` is the run's earlier read: the turn decides from
+    its own. Returns the outcome."""
     rolling = settings["restart"] == "rolling"
     did: list[str] = []
     # The conducting host is inside this operation: its nested steps run as if it were not.
@@ -330,9 +507,17 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
         return f"failed: {refused or unit}; the node was not touched"
     if not _turn_needed(found, settings):
         return "unchanged"
+    mark = found.turn_mark
     changes = turn_changes(settings["driver"], found.writes, found.restart_reason if rolling else None)
+    changes += _resumed_changes(found)
+    if hooked and mark is None:
+        with outside_operation(node), on_host(state, node):
+            try:
+                turn_marked(name="rollout: turn marked on the node", started=datetime.now(UTC).isoformat())
+            except NestedOperationError as error:
+                return f"failed: {_cause(state, node, error)}; the node was not touched"
     if hooked and settings["before"]:
-        failure = _hook(node, "before", settings, hostname, changes)
+        failure = _hook(node, "before", settings, hostname, changes, position)
         if failure:
             return f"failed: before-hook {failure}; the node was not touched"
         did.append("before-hook")
@@ -343,9 +528,21 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
                 did.extend(settings["driver"])  # a reboot among them takes the lock again itself
                 found = containerd.registration(**settings["runtime"])  # the steps changed the node
             backup = _backup_path() if found.writes and not found.problem else None  # a refused config: no backup
+            backup_cri_problem = found.current_cri_problem
             if backup:
                 containerd.config_backed_up(name="containerd: config backed up", path=backup)
+            if backup and hooked and not (mark and mark.backup):  # a resumed turn keeps the first backup
+                turn_marked(
+                    name="rollout: turn's backup marked on the node",
+                    started=mark.started if mark else datetime.now(UTC).isoformat(),
+                    backup=backup,
+                    backup_cri_problem=backup_cri_problem,
+                )
             written = containerd.nvidia_runtime(name="containerd: nvidia runtime registered", **settings["runtime"])
+            if mark and mark.backup:  # what the cut-off turn saved before it wrote is what a failure restores
+                backup, backup_cri_problem = mark.backup, mark.backup_cri_problem
+            elif not written.did_change():
+                backup = None
             restarted = (
                 platform.unit_restarted(
                     name="containerd: platform unit restarted and verified", timeout=settings["timeout"]
@@ -354,9 +551,10 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
                 else containerd.restarted_if_pending(
                     name="containerd: restarted and verified",
                     timeout=settings["timeout"],
-                    backup=backup if written.did_change() else None,
+                    backup=backup,
                     dropped_runtimes=found.dropped_runtimes,
-                    backup_cri_problem=found.current_cri_problem,
+                    backup_cri_problem=backup_cri_problem,
+                    resumed=mark is not None,
                 )
                 if rolling
                 else None
@@ -369,11 +567,52 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
     if restarted and restarted.did_change():
         did.append("containerd restarted and verified")
     if hooked and settings["after"]:
-        failure = _hook(node, "after", settings, hostname, changes)
+        failure = _hook(node, "after", settings, hostname, changes, position)
         if failure:
             return f"failed: after-hook {failure}; the node was changed: {', '.join(did)}"
         did.append("after-hook")
+    if hooked:
+        with outside_operation(node), on_host(state, node):
+            try:
+                turn_unmarked(name="rollout: turn's mark removed from the node")
+            except NestedOperationError as error:
+                return f"failed: {_cause(state, node, error)}; the node was changed: {', '.join(did) or 'nothing'}"
     return f"done: {', '.join(did)}" if did else "unchanged"
+
+
+@operation(is_idempotent=False, idempotent_notice="Marks the turn each time it is called.")
+def turn_marked(
+    started: str, backup: str | None = None, backup_cri_problem: str | None = None
+) -> Generator[Any, Any, None]:
+    """
+    Mark a rollout turn as under way on this node (``/var/lib/pyinfra-gpunode/turn.json``, root,
+    mode 0600), so that a later run finds a turn this one did not end and takes it first.
+
+    + started: when the turn began (ISO 8601)
+    + backup: the config backup the turn took before writing, which a resumed turn restores on failure
+    + backup_cri_problem: why that backup's config would not start the CRI plugin (then it is never restored)
+
+    **Example:**
+
+    .. code:: python
+
+        rollout.turn_marked(name="rollout: turn marked", started="2026-12-01T20:00:00+00:00")
+    """
+    yield from write_file(TURN_MARKER, turn_mark_text(started, backup, backup_cri_problem), mode="600")
+
+
+@operation(is_idempotent=False, idempotent_notice="Removes the mark whether or not it is there.")
+def turn_unmarked() -> Generator[Any, Any, None]:
+    """
+    Remove this node's turn mark once its turn ended (after its after-hook).
+
+    **Example:**
+
+    .. code:: python
+
+        rollout.turn_unmarked(name="rollout: turn's mark removed")
+    """
+    yield StringCommand("rm", "-f", TURN_MARKER)
 
 
 def _cause(state: State, node: Host, error: NestedOperationError) -> str:
@@ -383,14 +622,20 @@ def _cause(state: State, node: Host, error: NestedOperationError) -> str:
 
 
 def _hook(
-    node: Host, which: Literal["before", "after"], settings: NodeSettings, hostname: str, changes: list[str]
+    node: Host,
+    which: Literal["before", "after"],
+    settings: NodeSettings,
+    hostname: str,
+    changes: list[str],
+    position: _Position | None = None,
 ) -> str | None:
     """Run the node's ``which`` hook on the controller (no shell); ``None`` when it exited 0, else why not.
 
     Its output is logged line by line as it comes; what it started is ended with it (``hook_process``).
     """
     argv = hook_argv(settings[which], node.name, hostname)
-    env = hook_environment(os.environ, which, node.name, hostname, changes)
+    position = position or _Position()
+    env = hook_environment(os.environ, which, node.name, hostname, changes, position.turn, position.batch)
     logger.info("%s%s-hook: %s", node.print_prefix, which, _shown(argv))
     run = run_hook(argv, env, settings["hook_timeout"], f"{node.print_prefix}{which}-hook")
     return hook_failure(argv[0], settings["hook_timeout"], run)
