@@ -9,6 +9,8 @@ end) and tears both fleets down at the end. Per fleet, measurements interleaved 
 - first rollout: the first ``-y`` run on fresh hosts (writes the files, restarts containerd node by
   node): the rollout (its serial operation's start to the rollout summary) against its budget, the
   sum of bare restart-until-CRI times + 1 s per node, and the whole run's wall time;
+- first rollout in batches: the same on hosts made fresh again, with ``gpunode_rollout_batch``
+  ``--batch`` (default 5) against batch 1 (target: the whole run <= 0.3x of batch 1's);
 - restart-only turns: the config touched on every node (a restart pending, nothing to write), the same;
 - no-op run (target <= 1.5x pyinfra's one-operation floor, ``exec -- true``, on the same hosts);
 - facts pass (``--dry`` without ``-y``: every operation reads its facts, nothing runs);
@@ -79,17 +81,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="repetitions per figure (median reported)")
     parser.add_argument("--hosts", type=int, default=30, help="hosts in the big fleet")
+    parser.add_argument("--batch", type=int, default=5, help="gpunode_rollout_batch of the batched first rollout")
     args = parser.parse_args()
     small = Fleet([HostSpec(f"sm{i}", "trixie") for i in range(1, 4)], name="scale-small")
     big = Fleet([HostSpec(f"sb{i:02d}", "trixie") for i in range(1, args.hosts + 1)], name="scale-big")
     with _inotify_raised(), _booted(small, big):
         print(f"load average at start: {_load()}", flush=True)
-        results = {fleet.name: _measure(fleet, args.runs) for fleet in (small, big)}
+        results = {fleet.name: _measure(fleet, args.runs, args.batch) for fleet in (small, big)}
         print(f"load average at end:   {_load()}")
     _print(results[small.name], results[big.name], len(small.specs), len(big.specs))
 
 
-def _measure(fleet: Fleet, runs: int) -> dict[str, object]:
+def _measure(fleet: Fleet, runs: int, batch: int) -> dict[str, object]:
     names = [spec.name for spec in fleet.specs]
     started = time.monotonic()
     result: dict[str, object] = {}
@@ -103,6 +106,9 @@ def _measure(fleet: Fleet, runs: int) -> dict[str, object]:
     restarts = sum(_restart_to_ready(fleet, name) for name in names)
     wall, _, rollout = run("first rollout", *DEPLOY)
     result["first"] = (wall, rollout, restarts)
+    fleet.reset(names)  # fresh again: the batched first rollout writes everything too
+    wall, _, rollout = run("first, batches", "--data", f"gpunode_rollout_batch={batch}", *DEPLOY)
+    result["batched"] = (wall, rollout, batch)
     result["noop"] = statistics.median(run("no-op", *DEPLOY)[0] for _ in range(runs))
     result["floor"] = statistics.median(run("floor", "-y", "INVENTORY", "exec", "--", "true")[0] for _ in range(runs))
     result["facts"] = statistics.median(run("facts pass", *FACTS_PASS)[0] for _ in range(runs))
@@ -149,6 +155,13 @@ def _print(small: dict, big: dict, n_small: int, n_big: int) -> None:
             walls.append(f"{wall:6.1f} s")
         print(f"{label:<28}{cells[0]}   {cells[1]}   target <= budget (restarts + 1 s/node)")
         print(f"{'  whole run':<28}{walls[0]:>45}   {walls[1]}")
+    for result, n in ((small, n_small), (big, n_big)):
+        (wall, rollout, _), (b_wall, b_rollout, batch) = result["first"], result["batched"]
+        print(
+            f"first rollout, {n} hosts, batch {batch} / batch 1: whole run {b_wall:6.1f} s / {wall:6.1f} s = "
+            f"x{b_wall / wall:4.2f}, rollout {b_rollout:6.1f} s / {rollout:6.1f} s = x{b_rollout / rollout:4.2f}"
+            "   target whole run <= 0.3x"
+        )
     for result, n in ((small, n_small), (big, n_big)):
         counts = [sum(counter.values()) for counter in result["commands"].values()]
         print(f"remote commands per host, no-op, {n} hosts: min {min(counts)} max {max(counts)}   target <= 2")
