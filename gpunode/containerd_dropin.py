@@ -19,6 +19,12 @@ user's drop-in glob, so no user drop-in can load after it:
 The nvidia runtime is a copy of the default runtime's entry (as ``nvidia-ctk runtime configure``
 builds it) with our ``BinaryName``; a value a file sets for a key we write is kept unless host
 data asks for another by name, and the plan says which.
+
+NRI mode (``gpunode_containerd_mode: nri``, for the GPU Operator's NRI plugin) registers no runtime:
+our file turns on containerd's NRI plugin (``io.containerd.nri.v1.nri``, off by default on 1.7, on
+from 2.0) and CDI, by the same rule (a file's ``disable = true`` is kept unless host data asks).
+On 1.7 the last file naming the NRI plugin owns it as it owns CRI: our file carries the other
+files' NRI keys too. An nvidia runtime our previous file registered is dropped, and the plan says so.
 """
 
 from __future__ import annotations
@@ -73,6 +79,15 @@ PROVENANCE_HEAD = "# The file each carried CRI key came from (read back by the n
 
 
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # containerd's own default
+NRI = "io.containerd.nri.v1.nri"
+# What disabled_plugins may name the NRI plugin by: its URI, or its ID alone.
+NRI_NAMES = (NRI, "nri")
+NRI_SINCE = (1, 7)  # containerd's NRI plugin came with 1.7 (off by default there, on from 2.0)
+MODES = ("runtime", "nri")
+PURPOSE = {
+    "runtime": "the nvidia runtime for containerd's CRI plugin.",
+    "nri": "NRI and CDI for the GPU Operator's NRI plugin (no nvidia runtime).",
+}
 # The highest config version each containerd reads (version 4 came with containerd 2.3).
 V4_SINCE = (2, 3)
 
@@ -88,6 +103,8 @@ class Options:
     dropin_dir: str = "/etc/containerd/conf.d"
     dropin_path: str = OUR_DROPIN
     enable_cdi: bool | None = None  # None: the files' value, else on
+    mode: str = "runtime"  # "runtime": register the nvidia runtime; "nri": NRI and CDI, no runtime
+    enable_nri: bool | None = None  # NRI mode: None keeps a file's ``disable``, else NRI on
 
 
 @dataclass
@@ -109,6 +126,11 @@ class Plan:
     # Our previous file records no source for the keys it carries (edited by hand).
     provenance_unknown: bool = False
     schema: int = 2
+    # NRI mode: whether the merged config must have NRI on (None outside NRI mode), and the NRI
+    # plugin's keys the user's files set: key -> (file, value), held by the gate like ``user_set``.
+    nri_expected: bool | None = None
+    nri_user_set: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    mode_line: str = ""  # what the plan says of the mode (NRI mode only)
     account: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -154,7 +176,9 @@ _TEMPLATE = Environment(
 ).from_string(resources.files("pyinfra_gpunode.templates.containerd").joinpath("dropin.toml.j2").read_text())
 
 
-def _render(data: dict[str, Any], account: list[str], carried: dict[str, str] | None = None) -> str:
+def _render(
+    data: dict[str, Any], account: list[str], carried: dict[str, str] | None = None, mode: str = "runtime"
+) -> str:
     body = tomlkit.dumps(_sorted(data))
     provenance = (
         []
@@ -162,7 +186,7 @@ def _render(data: dict[str, Any], account: list[str], carried: dict[str, str] | 
         else [PROVENANCE_HEAD]
         + [PROVENANCE + json.dumps({"file": path, "keys": keys}) for path, keys in _by_file(carried).items()]
     )
-    text = _TEMPLATE.render(account=account, provenance=provenance, body=body)
+    text = _TEMPLATE.render(purpose=PURPOSE[mode], account=account, provenance=provenance, body=body)
     if tomllib.loads(text) != data:
         raise RuntimeError("rendered drop-in does not parse back to the intended configuration")
     return text
@@ -437,6 +461,105 @@ def cdi_keys(options: Options, user_set: dict[str, tuple[str, Any]]) -> tuple[di
     return out, lines
 
 
+@dataclass
+class NriKeys:
+    """The NRI plugin's table our file writes (``None``: none) and what it means."""
+
+    table: dict[str, Any] | None
+    lines: list[str]
+    user_set: dict[str, tuple[str, Any]]  # NRI keys the files set: key -> (file, value)
+    expected_on: bool  # whether the merged config has NRI on once our file is in place
+    sources: list[str]  # files whose NRI keys the table carries (1.x)
+    error: str | None = None
+
+
+def nri_off_in_list(files: list[ConfigFile]) -> tuple[str, str] | None:
+    """``(file, name)`` of the first file whose ``disabled_plugins`` names the NRI plugin, else ``None``."""
+    for config in files:
+        listed = parsed(config).get("disabled_plugins")
+        for name in listed if isinstance(listed, list) else []:
+            if name in NRI_NAMES:
+                return config["path"], name
+    return None
+
+
+def nri_keys(files: list[ConfigFile], options: Options, carry: bool) -> NriKeys:
+    """The NRI plugin as NRI mode needs it: ``disable = false`` where no file sets ``disable`` or host data
+    asks (``gpunode_enable_nri``); a file's value is kept otherwise, and a file listing the plugin in
+    ``disabled_plugins`` keeps it off. ``carry`` (containerd 1.x): the last file naming the plugin owns
+    it, so the table carries every other file's NRI keys."""
+    merged: dict[str, Any] = {}
+    user_set: dict[str, tuple[str, Any]] = {}
+    sources = []
+    for config in files:
+        table = _table(parsed(config), "plugins", NRI)
+        if table:
+            merged = deep_merge(merged, table)
+            user_set.update((key, (config["path"], value)) for key, value in flatten(table).items())
+            sources.append(config["path"])
+    listed = nri_off_in_list(files)
+    setter = user_set.get("disable")
+    lines = []
+    write = False
+    if options.enable_nri:
+        if listed:
+            return NriKeys(
+                None, [], user_set, False, sources,
+                error=f"{listed[0]}: disabled_plugins names {listed[1]}, so NRI stays off whatever a drop-in says; "
+                "remove it there (gpunode_enable_nri asks for NRI)",
+            )  # fmt: skip
+        write = True
+        user_set.pop("disable", None)  # asked for by name: the gate does not hold it to the file
+        other = f"; {setter[0]} sets {_toml(setter[1])}" if setter and setter[1] is not False else ""
+        lines.append(f"NRI on: disable = false (gpunode_enable_nri){other}")
+        expected_on = True
+    elif listed:
+        lines.append(f"NRI stays off: {listed[0]} names {listed[1]} in disabled_plugins; kept")
+        expected_on = False
+    elif setter is not None:
+        expected_on = setter[1] is False
+        state = "on" if expected_on else "off"
+        asked = "" if expected_on else " (gpunode_enable_nri: true turns it on)"
+        lines.append(f"NRI stays {state}: {setter[0]} sets disable = {_toml(setter[1])}; kept{asked}")
+    else:
+        write = True
+        lines.append("NRI on: disable = false (no file sets it)")
+        expected_on = True
+    if carry:
+        table = deep_merge(merged, {"disable": False}) if write else merged
+        for path, keys in _by_file({key: value[0] for key, value in user_set.items()}).items():
+            lines.append(f"NRI keys of {path} carried here: {', '.join(keys)}")
+        return NriKeys(table or None, lines, user_set, expected_on, sources)
+    return NriKeys({"disable": False} if write else None, lines, user_set, expected_on, [])
+
+
+def _mode_line(cdi_on: bool, nri: NriKeys) -> str:
+    if cdi_on and nri.expected_on:
+        enabled = "NRI and CDI enabled"
+    else:
+        enabled = (
+            f"{'NRI enabled' if nri.expected_on else 'NRI stays off'}, {'CDI enabled' if cdi_on else 'CDI stays off'}"
+            " as the files set it"
+        )
+    return f"NRI mode: no nvidia runtime registered; {enabled}, for the GPU Operator's NRI plugin"
+
+
+def _mode_errors(options: Options, version: ContainerdVersionInfo) -> list[str]:
+    if options.mode not in MODES:
+        return [f"mode must be one of {', '.join(MODES)}, got {options.mode!r}"]
+    if options.mode != "nri":
+        return []
+    errors = []
+    if (version["major"], version["minor"]) < NRI_SINCE:
+        errors.append(
+            f"containerd {version['raw']} has no NRI plugin (it came with containerd 1.7): "
+            "gpunode_containerd_mode: nri needs containerd 1.7 or later"
+        )
+    if options.default_runtime:
+        errors.append("NRI mode registers no runtime, so nvidia cannot be made the default runtime")
+    return errors
+
+
 def _input_errors(options: Options) -> list[str]:
     named = [("binary", options.binary), ("dropin_dir", options.dropin_dir)]
     named += [("cdi_spec_dirs entry", spec_dir) for spec_dir in options.cdi_spec_dirs or ()]
@@ -517,7 +640,7 @@ def plan(
     if (version["major"] == 1 and version["minor"] < 6) or version["major"] not in (1, 2):
         result.errors.append(f"containerd {version['raw']} is not supported (supported: 1.6, 1.7 and 2.x)")
         return result
-    result.errors += _input_errors(options)
+    result.errors += _input_errors(options) + _mode_errors(options, version)
     if result.errors:
         return result
     main = resolve_tree(main_path, texts)["main"]
@@ -571,7 +694,51 @@ def plan(
         _drop_removed(result, texts, others, texts.get(options.dropin_path))
     else:
         _plan_owned_keys(result, others, version, options, runc, user_set)
+    if not result.errors:
+        _drop_own_runtime(result, options, texts.get(options.dropin_path))
     return result
+
+
+def _cdi_on(owned: dict[str, Any], user_set: dict[str, tuple[str, Any]]) -> bool:
+    """Whether ``enable_cdi`` is true once our file is in place: as written, else as a file sets it."""
+    return owned.get("enable_cdi", user_set.get("enable_cdi", ("", True))[1]) is True
+
+
+def _drop_own_runtime(result: Plan, options: Options, previous: str | None) -> None:
+    """A switch of mode: in NRI mode, the nvidia runtime (and nvidia as default) our previous file
+    registered itself, not carried from a file, goes; in runtime mode, the NRI plugin table it wrote.
+    The plan says which; the gate lets the keys go (``dropped``)."""
+    try:
+        data = tomllib.loads(previous or "")
+    except tomllib.TOMLDecodeError:
+        return
+    if options.mode == "runtime":
+        if _table(data, "plugins", NRI):
+            result.dropped_lines.append(
+                f"dropped the NRI plugin settings of {options.dropin_path} (gpunode_containerd_mode: runtime): "
+                "NRI is as the other files set it (off by default on containerd 1.7)"
+            )
+        return
+    carried = carried_from(previous) or {}
+    own: dict[str, Any] = {}
+    for name in (CRI_V2, CRI_V3_RUNTIME):
+        own.update(flatten(_table(data, "plugins", name)))
+    prefix = f"containerd.runtimes.{RUNTIME}."
+    gone = sorted(
+        key
+        for key, value in own.items()
+        if (key.startswith(prefix) or (key == "containerd.default_runtime_name" and value == RUNTIME))
+        and key not in carried
+        and key not in result.intended
+    )
+    if not gone:
+        return
+    result.dropped.update(dict.fromkeys(gone, options.dropin_path))
+    what = [f"runtime {RUNTIME}"] if any(key.startswith(prefix) for key in gone) else []
+    what += [f"default_runtime_name = {_toml(RUNTIME)}"] if "containerd.default_runtime_name" in gone else []
+    result.dropped_lines.append(
+        f"dropped {' and '.join(what)} registered by {options.dropin_path}: NRI mode registers no runtime"
+    )
 
 
 def _default_line(user_set: dict[str, tuple[str, Any]]) -> str:
@@ -617,8 +784,9 @@ def _plan_full_cri(
                 + ", ".join(f"{key} = {value}" for key, value in missing.items())
                 + " as containerd fills them in (no file sets them)"
             )
-    runtimes[RUNTIME], lines = _nvidia_runtime(runtimes, default, runc, options, user_set)
-    result.account += lines
+    if options.mode == "runtime":
+        runtimes[RUNTIME], lines = _nvidia_runtime(runtimes, default, runc, options, user_set)
+        result.account += lines
     if options.default_runtime:
         containerd["default_runtime_name"] = RUNTIME
         result.account.append(_default_line(user_set))
@@ -634,18 +802,38 @@ def _plan_full_cri(
         )
         result.errors.append(f"{setter}: key 'default_runtime_name' = {default!r} names no runtime defined in any file")
         return
+    owned: dict[str, Any] = {}
     if version["minor"] >= 7:
         owned, lines = cdi_keys(options, user_set)
         cri.update(owned)
         result.account += lines
     else:
         result.account.append("containerd 1.6 has no CDI switch; enable_cdi not written")
+    plugins: dict[str, Any] = {CRI_V2: cri}
+    if options.mode == "nri":
+        nri = nri_keys(others, options, carry=True)
+        if nri.error:
+            result.errors.append(nri.error)
+            return
+        _nri_account(result, nri, _cdi_on(owned, user_set))
+        result.sources += [path for path in nri.sources if path not in result.sources]
+        if nri.table is not None:
+            plugins[NRI] = nri.table
     result.account.append(
         "containerd 1.x: this file owns the whole CRI plugin and loads last; other files' CRI keys are carried here"
+        + (" (and their NRI keys: it owns the NRI plugin too)" if NRI in plugins else "")
     )
-    result.dropin_data = {"version": 2, "plugins": {CRI_V2: cri}}
+    result.dropin_data = {"version": 2, "plugins": plugins}
     result.intended = flatten(cri)
-    result.dropin_text = _render(result.dropin_data, result.account, carried)
+    result.dropin_text = _render(result.dropin_data, result.account, carried, options.mode)
+
+
+def _nri_account(result: Plan, nri: NriKeys, cdi_on: bool) -> None:
+    result.nri_expected = nri.expected_on
+    result.nri_user_set = nri.user_set
+    result.mode_line = _mode_line(cdi_on, nri)
+    result.account += nri.lines
+    result.account.insert(0, result.mode_line)
 
 
 def _drop_removed(result: Plan, texts: dict[str, str], others: list[ConfigFile], previous: str | None) -> None:
@@ -681,7 +869,7 @@ def _plan_owned_keys(
     effective = effective_runtime_table(others, version, result.schema)
     runtimes = _table(effective, "containerd", "runtimes")
     default = _table(effective, "containerd").get("default_runtime_name") or "runc"
-    if default not in runtimes and default not in ("runc", RUNTIME):
+    if default not in runtimes and default not in (("runc", RUNTIME) if options.mode == "runtime" else ("runc",)):
         setter = user_set.get("containerd.default_runtime_name", ("config",))[0]
         result.errors.append(f"{setter}: key 'default_runtime_name' = {default!r} names no runtime defined in any file")
         return
@@ -693,11 +881,15 @@ def _plan_owned_keys(
             for name in (CRI_V2, CRI_V3_RUNTIME)
         )
     ]
-    nvidia, lines = _nvidia_runtime(runtimes, default, runc, options, user_set, V1_ONLY_RUNTIME_KEYS)
-    result.account += lines
     cdi, cdi_lines = cdi_keys(options, user_set)
+    units: dict[str, Any] = dict(cdi)
+    if options.mode == "runtime":
+        nvidia, lines = _nvidia_runtime(runtimes, default, runc, options, user_set, V1_ONLY_RUNTIME_KEYS)
+        result.account += lines
+        units["containerd.runtimes"] = {RUNTIME: nvidia}
+    else:
+        result.sources = []  # nothing is copied from another file
     result.account += cdi_lines
-    units: dict[str, Any] = {**cdi, "containerd.runtimes": {RUNTIME: nvidia}}
     if options.default_runtime:
         units["containerd.default_runtime_name"] = RUNTIME
         result.account.append(_default_line(user_set))
@@ -713,11 +905,20 @@ def _plan_owned_keys(
         else:
             target[head] = value
         result.intended.update(flatten({head: {sub: value} if sub else value}))
+    if options.mode == "nri":
+        nri = nri_keys(others, options, carry=False)
+        if nri.error:
+            result.errors.append(nri.error)
+            return
+        _nri_account(result, nri, _cdi_on(cdi, user_set))
+        if nri.table is not None:
+            plugins[NRI] = nri.table
     where = " and ".join(
         f"{name} ({', '.join(sorted(table))})" if len(plugins) > 1 else name for name, table in sorted(plugins.items())
     )
     result.account.append(
-        f"containerd 2.x deep-merges: only the keys above, version = {result.schema} as config.toml, plugin {where}"
+        f"containerd 2.x deep-merges: only the keys above, version = {result.schema} as config.toml, "
+        + (f"plugin {where}" if plugins else "no key to write")
     )
-    result.dropin_data = {"version": result.schema, "plugins": plugins}
-    result.dropin_text = _render(result.dropin_data, result.account)
+    result.dropin_data = {"version": result.schema, **({"plugins": plugins} if plugins else {})}
+    result.dropin_text = _render(result.dropin_data, result.account, mode=options.mode)

@@ -11,7 +11,16 @@ import re
 from collections.abc import Collection
 from typing import Any, TypedDict
 
-from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, FILLED_IN, RUNTIME, flatten
+from pyinfra_gpunode.containerd_dropin import (
+    CRI_V2,
+    CRI_V3_IMAGES,
+    CRI_V3_RUNTIME,
+    FILLED_IN,
+    NRI,
+    NRI_NAMES,
+    RUNTIME,
+    flatten,
+)
 from pyinfra_gpunode.redaction import is_secret as is_secret  # redaction's home is pyinfra_gpunode.redaction
 from pyinfra_gpunode.redaction import redacted as redacted
 from pyinfra_gpunode.redaction import shown
@@ -73,6 +82,42 @@ def summarize(dump: dict[str, Any]) -> DumpSummary:
     }
 
 
+def nri_state(dump: dict[str, Any]) -> tuple[bool | None, str]:
+    """Whether a dump has containerd's NRI plugin on, and why not: ``(None, …)`` where the dump has no
+    NRI plugin (containerd 1.6), ``(False, why)`` where ``disable = true`` or ``disabled_plugins`` names it."""
+    table = dump.get("plugins", {}).get(NRI)
+    if not isinstance(table, dict):
+        return None, f"containerd's config has no {NRI} plugin (NRI came with containerd 1.7)"
+    listed = [name for name in dump.get("disabled_plugins") or [] if name in NRI_NAMES]
+    if listed:
+        return False, f"disabled_plugins names {listed[0]}"
+    if table.get("disable") is True:
+        return False, f"plugins.{NRI}.disable = true"
+    return True, ""
+
+
+# Go durations containerd prints in its own form ("5s" for "5000ms"): not compared with a file's text.
+NRI_DURATIONS = ("plugin_registration_timeout", "plugin_request_timeout")
+
+
+def nri_losses(after: dict[str, Any], expected_on: bool | None, user_set: dict[str, tuple[str, Any]]) -> list[str]:
+    """What the candidate config (``after``, NRI mode) lacks: NRI on where ``expected_on`` (``None``: not NRI
+    mode), and every NRI key a user's file sets (``user_set``) with the file's value."""
+    if expected_on is None:
+        return []
+    losses = []
+    on, why = nri_state(after)
+    if expected_on and not on:
+        losses.append(f"NRI would stay off in the merged config: {why}")
+    table = flatten(after.get("plugins", {}).get(NRI) or {})
+    for key, (path, value) in sorted(user_set.items()):
+        now = table.get(key, _UNSET)
+        if key not in NRI_DURATIONS and now != value:
+            shown_now = "<unset>" if now is _UNSET else shown(key, now)
+            losses.append(f"{NRI}:{key} is set to {shown(key, value)} in {path}; the candidate makes it {shown_now}")
+    return losses
+
+
 def _normal(key: str, value: Any) -> Any:
     """A runtime's empty ``runtime_type``/``sandbox_mode`` as the default containerd fills in."""
     if key.startswith("containerd.runtimes.") and value == "":
@@ -98,6 +143,7 @@ def candidate_losses(
     binary: str,
     user_set: dict[str, tuple[str, Any]] | None = None,
     dropped: dict[str, str] | None = None,
+    runtime_expected: bool = True,
 ) -> list[str]:
     """What the candidate config would lose or break, compared with the current dump.
 
@@ -110,7 +156,8 @@ def candidate_losses(
 
     ``dropped`` (dotted key -> file) holds the keys our previous file carried from a file that
     no longer sets them: the user removed them, so they may change or go, and a runtime they
-    defined may go with every key under it.
+    defined may go with every key under it. ``runtime_expected`` false (NRI mode): the candidate
+    need not have the nvidia runtime.
     """
     losses = []
     user_set, dropped = user_set or {}, dropped or {}
@@ -121,9 +168,9 @@ def candidate_losses(
         for name in summary_before["runtimes"]
         if name not in runtimes and any(key.startswith(f"containerd.runtimes.{name}.") for key in dropped)
     ]
-    if RUNTIME not in runtimes:
+    if runtime_expected and RUNTIME not in runtimes:
         losses.append(f"runtime {RUNTIME} is missing from the merged config")
-    elif runtimes[RUNTIME]["BinaryName"] != binary:
+    elif runtime_expected and runtimes[RUNTIME]["BinaryName"] != binary:
         losses.append(f"runtime {RUNTIME} has BinaryName {runtimes[RUNTIME]['BinaryName']!r}, not {binary!r}")
     for name in summary_before["runtimes"]:
         if name not in runtimes and f"containerd.runtimes.{name}." not in removed:
@@ -285,11 +332,15 @@ def parse_cri_loaded(journal: list[str], ctr: list[str]) -> CriLoaded:
     return _cri_loaded(True, source=CTR)
 
 
-def expected_after_restart(summary: DumpSummary, previous: CriLoaded, dropped: Collection[str] = ()) -> CriLoaded:
-    """What a daemon restarted on the current files must load: the dump's runtimes, default
-    runtime and registry path, plus every runtime the previous daemon had, less those whose
-    file the user removed (``dropped``, as the write's gate accepted it)."""
-    runtimes = sorted({RUNTIME, *summary["runtimes"], *(set(previous["runtimes"]) - set(dropped))})
+def expected_after_restart(
+    summary: DumpSummary, previous: CriLoaded, dropped: Collection[str] = (), runtime_expected: bool = True
+) -> CriLoaded:
+    """What a daemon restarted on the current files must load: the dump's runtimes (nvidia among them,
+    unless ``runtime_expected`` is false: NRI mode), default runtime and registry path, plus every
+    runtime the previous daemon had, less those whose file the user removed (``dropped``, as the
+    write's gate accepted it)."""
+    ours = {RUNTIME} if runtime_expected else set()
+    runtimes = sorted({*ours, *summary["runtimes"], *(set(previous["runtimes"]) - set(dropped))})
     return _cri_loaded(
         True,
         runtimes=runtimes,

@@ -168,6 +168,24 @@ KEYS: dict[str, Key] = {
             lambda value: isinstance(value, int | float) and not isinstance(value, bool) and value > 0,
         ),
         Key(
+            "gpunode_containerd_mode",
+            "one of: runtime, nri",
+            "runtime",
+            "`runtime` registers the nvidia runtime (the RuntimeClass handler below); `nri` registers no runtime "
+            "and turns on containerd's NRI plugin and CDI instead (containerd 1.7 and later), for clusters whose "
+            "GPU Operator injects devices with its NRI plugin; a node switched to `nri` loses the nvidia runtime "
+            "gpunode registered, and the plan says so",
+            _choice("runtime", "nri"),
+        ),
+        Key(
+            "gpunode_enable_nri",
+            "true or null",
+            None,
+            "with `gpunode_containerd_mode: nri`: `true` turns NRI on even where a config file sets `disable = true` "
+            "for `io.containerd.nri.v1.nri`; null keeps such a file's value (the plan says NRI stays off), else on",
+            lambda value: value is None or value is True,
+        ),
+        Key(
             "gpunode_containerd_dropin_dir",
             PATH_KIND,
             "/etc/containerd/conf.d",
@@ -418,7 +436,23 @@ def validate(data: Mapping[str, Any]) -> dict[str, Any]:
         if not key.check(value):
             raise HostDataError(f"host-data key {name!r} must be {key.kind}, got {value!r}")
         values[name] = value
+    _check_mode(values)
     return values
+
+
+def _check_mode(values: Mapping[str, Any]) -> None:
+    """Keys that contradict ``gpunode_containerd_mode``: refused naming both."""
+    mode = values["gpunode_containerd_mode"]
+    if mode == "nri" and values["gpunode_nvidia_default_runtime"]:
+        raise HostDataError(
+            "host-data key 'gpunode_nvidia_default_runtime' must be false with gpunode_containerd_mode: nri, "
+            "which registers no nvidia runtime"
+        )
+    if mode != "nri" and values["gpunode_enable_nri"] is not None:
+        raise HostDataError(
+            f"host-data key 'gpunode_enable_nri' applies only with gpunode_containerd_mode: nri, got mode {mode!r}; "
+            "leave it unset (null)"
+        )
 
 
 def world_writable_warnings(values: Mapping[str, Any]) -> list[str]:

@@ -106,6 +106,8 @@ def _runtime(values: dict[str, Any]) -> dict[str, Any]:
         "binary_required": values["gpunode_runtime_binary_required"],
         "enable_cdi": values["gpunode_enable_cdi"],
         "handler": values["gpunode_runtime_handler"],
+        "mode": values["gpunode_containerd_mode"],
+        "enable_nri": values["gpunode_enable_nri"],
     }
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyinfra_gpunode.cdi_checks import priority_dirs, untrue_specs
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, RUNTIME
+from pyinfra_gpunode.containerd_dump import nri_state
 from pyinfra_gpunode.driver_versions import same_driver, upstream_version
 from pyinfra_gpunode.facts.cdi import missing_devices
 from pyinfra_gpunode.operator import (
@@ -43,6 +44,7 @@ DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 WORKLOAD_XIDS = frozenset({13, 31, 43, 45})
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[^)]*)\): (?P<code>\d+)")
 RUNTIME_DEPLOY = "pyinfra -y INVENTORY deploys/containerd_runtime.py"
+NRI_MODE = "NRI mode (gpunode_containerd_mode: nri)"
 
 
 @dataclass
@@ -266,9 +268,11 @@ def _fabric_manager(facts: NodeReadinessInfo) -> Link:
     return make(OK, f"Fabric Manager {version} active")
 
 
-def _toolkit(facts: NodeReadinessInfo, binary: str) -> Link:
+def _toolkit(facts: NodeReadinessInfo, binary: str, nri: bool = False) -> Link:
     make = _link("toolkit", "NVIDIA Container Toolkit installed")
     toolkit = facts["toolkit"]
+    if nri:  # no runtime runs the toolkit's binary: nvidia-ctk, for the CDI spec, is what counts
+        return _toolkit_nri(make, toolkit["ctk_version"], set(_operator(facts)["toolkit_binaries"]))
     present = facts["containerd"]["binary_present"] or toolkit["runtime_binary"] == binary
     ctk = toolkit["ctk_version"]
     operator = set(_operator(facts)["toolkit_binaries"])
@@ -289,6 +293,19 @@ def _toolkit(facts: NodeReadinessInfo, binary: str) -> Link:
             fix="install nvidia-container-toolkit-base (deploys/gpu_node.py installs all four toolkit packages)",
         )  # fmt: skip
     return make(OK, f"nvidia-ctk {ctk}, {binary}")
+
+
+def _toolkit_nri(make: Callable[..., Link], ctk: str | None, operator: set[str]) -> Link:
+    if ctk:
+        return make(OK, f"nvidia-ctk {ctk} ({NRI_MODE}: no runtime binary used)")
+    if "nvidia-ctk" in operator:
+        return make(OK, f"{OPERATOR} in {TOOLKIT_DIR}: nvidia-ctk ({NRI_MODE})")
+    return make(
+        BROKEN, "no nvidia-ctk",
+        cause="nvidia-ctk is not installed, so no CDI spec can be generated, and in NRI mode GPUs reach pods only "
+        "through CDI",
+        fix="install nvidia-container-toolkit-base (deploys/gpu_node.py installs all four toolkit packages)",
+    )  # fmt: skip
 
 
 def _cdi(facts: NodeReadinessInfo, spec_path: str) -> Link:
@@ -390,8 +407,9 @@ def shadowing_file(files: Mapping[str, Any], major: int) -> tuple[str, str] | No
     return order[definers[-1]]["path"], order[owners[-1]]["path"]
 
 
-def _containerd_config(facts: NodeReadinessInfo) -> Link:
-    make = _link("containerd_config", "nvidia runtime in containerd's merged config")
+def _containerd_config(facts: NodeReadinessInfo, nri: bool = False) -> Link:
+    title = "NRI and CDI on in containerd's merged config" if nri else "nvidia runtime in containerd's merged config"
+    make = _link("containerd_config", title)
     state = facts["containerd"]
     version = state["version"]
     if version is None:
@@ -411,6 +429,8 @@ def _containerd_config(facts: NodeReadinessInfo) -> Link:
         )  # fmt: skip
     summary = dump["summary"]
     assert summary is not None  # a dump without an error has its summary
+    if nri:
+        return _nri_config(make, version["raw"], dump["dump"], summary["enable_cdi"])
     if RUNTIME in summary["runtimes"]:
         binary = summary["runtimes"][RUNTIME]["BinaryName"]
         return make(OK, f"containerd {version['raw']}: nvidia ({binary}), default {summary['default_runtime_name']}")
@@ -428,6 +448,33 @@ def _containerd_config(facts: NodeReadinessInfo) -> Link:
         cause=f"no config file loaded from {main} defines the nvidia runtime",
         fix=f"register it: {RUNTIME_DEPLOY} (or `nvidia-ctk runtime configure --runtime=containerd`)",
     )  # fmt: skip
+
+
+def _nri_config(make: Callable[..., Link], raw: str, dump: dict[str, Any], enable_cdi: bool | None) -> Link:
+    """NRI mode: the merged config has containerd's NRI plugin on and CDI on (no nvidia runtime needed)."""
+    on, why = nri_state(dump)
+    deploy = f"{RUNTIME_DEPLOY} with gpunode_containerd_mode: nri"
+    if on is None:
+        return make(
+            BROKEN, f"containerd {raw}: no NRI plugin",
+            cause=f"{NRI_MODE} needs containerd's NRI plugin, and {why}",
+            fix="upgrade containerd to 1.7 or later, or use gpunode_containerd_mode: runtime on this node",
+        )  # fmt: skip
+    if not on:
+        return make(
+            BROKEN, f"containerd {raw}: NRI off ({why})",
+            cause=f"{NRI_MODE}: containerd's merged config has NRI off ({why}), so the GPU Operator's NRI plugin "
+            "cannot connect and GPU pods get no devices",
+            fix=f"remove the setting from the file that makes it, or set gpunode_enable_nri: true; then run {deploy}",
+        )  # fmt: skip
+    if enable_cdi is not True:
+        return make(
+            BROKEN, f"containerd {raw}: NRI on, enable_cdi {str(enable_cdi).lower()}",
+            cause=f"{NRI_MODE}: containerd's merged config has enable_cdi = {str(enable_cdi).lower()}, so the CDI "
+            "devices the GPU Operator's NRI plugin asks for are not injected",
+            fix=f"remove the setting from the file that makes it, or set gpunode_enable_cdi: true; then run {deploy}",
+        )  # fmt: skip
+    return make(OK, f"containerd {raw}: NRI on, enable_cdi true ({NRI_MODE}: no nvidia runtime needed)")
 
 
 _NO_OPERATOR: dict[str, Any] = {
@@ -491,8 +538,10 @@ def _runtime_writers(facts: NodeReadinessInfo, handler: str) -> Link:
     )  # fmt: skip
 
 
-def _runtime_handler(facts: NodeReadinessInfo, handler: str, binary: str) -> Link:
+def _runtime_handler(facts: NodeReadinessInfo, handler: str, binary: str, nri: bool = False) -> Link:
     make = _link("runtime_handler", f"RuntimeClass handler {handler} runs the toolkit's runtime")
+    if nri:
+        return make(NOT_APPLICABLE, f"{NRI_MODE}: no RuntimeClass handler; the GPU Operator's NRI plugin injects GPUs")
     state = facts["containerd"]
     summary = state["dump"]["summary"] if state["dump"] and not state["dump"]["error"] else None
     if state["version"] is None or summary is None:
@@ -526,8 +575,9 @@ def _newer_files(state: Mapping[str, Any]) -> list[str]:
     return sorted((path for path, mtime in mtimes.items() if mtime >= int(started)), key=lambda p: -mtimes[p])
 
 
-def _containerd_running(facts: NodeReadinessInfo) -> Link:
-    make = _link("containerd_running", "running containerd loaded the nvidia runtime")
+def _containerd_running(facts: NodeReadinessInfo, nri: bool = False) -> Link:
+    title = "running containerd loaded its CRI plugin" if nri else "running containerd loaded the nvidia runtime"
+    make = _link("containerd_running", title)
     state, cri = facts["containerd"], facts["cri"]
     service = state["service"]
     if state["version"] is None:
@@ -554,6 +604,8 @@ def _containerd_running(facts: NodeReadinessInfo) -> Link:
             )  # fmt: skip
         return make(UNKNOWN, f"containerd active (PID {service['main_pid']}); no CRI start line in its journal")
     pending = service["restart_pending"]
+    if nri:
+        return _running_nri(make, service, cri, pending, _newer_files(state) if pending else [])
     if RUNTIME in cri["runtimes"]:
         note = "; a config file is newer (restart pending)" if pending else ""
         return make(OK, f"PID {service['main_pid']}: runtimes {', '.join(cri['runtimes'])}{note}")
@@ -580,6 +632,27 @@ def _containerd_running(facts: NodeReadinessInfo) -> Link:
         BROKEN, f"PID {service['main_pid']}: no nvidia runtime",
         cause="neither the merged config nor the running daemon has the nvidia runtime",
         fix=f"register it: {RUNTIME_DEPLOY}",
+    )  # fmt: skip
+
+
+def _running_nri(
+    make: Callable[..., Link], service: Mapping[str, Any], cri: Mapping[str, Any], pending: bool, newer: list[str]
+) -> Link:
+    """NRI mode: the running daemon's CRI plugin loaded, with CDI on where its start line says."""
+    note = "; a config file is newer (restart pending)" if pending else ""
+    if cri["enable_cdi"] is not False:
+        return make(OK, f"PID {service['main_pid']}: CRI plugin loaded ({NRI_MODE}){note}")
+    cause = f"the running containerd (PID {service['main_pid']}) loaded its CRI plugin with CDI off"
+    if pending:
+        return make(
+            BROKEN, f"PID {service['main_pid']}: CDI off; restart pending",
+            cause=f"{cause}: {', '.join(newer) or 'a file under /etc/containerd'} changed after it started",
+            fix=f"restart it one node at a time: {RUNTIME_DEPLOY} (or `systemctl restart containerd`)",
+        )  # fmt: skip
+    return make(
+        BROKEN, f"PID {service['main_pid']}: CDI off",
+        cause=f"{cause}, and no config file is newer than it",
+        fix="`systemctl restart containerd`, then check the CRI plugin's start line in `journalctl -u containerd -b`",
     )  # fmt: skip
 
 
@@ -678,16 +751,20 @@ def _versions(facts: NodeReadinessInfo) -> dict[str, str | None]:
     }
 
 
-def assess(node: str, facts: NodeReadinessInfo, binary: str, spec_path: str, handler: str = "nvidia") -> NodeReadiness:
+def assess(
+    node: str, facts: NodeReadinessInfo, binary: str, spec_path: str, handler: str = "nvidia", mode: str = "runtime"
+) -> NodeReadiness:
     """Every link of ``node``'s chain, in order, from the ``NodeReadiness`` fact; ``handler`` is the
-    runtime name the cluster's RuntimeClass uses."""
+    runtime name the cluster's RuntimeClass uses. In NRI mode (``mode`` ``nri``) no nvidia runtime is
+    asked for: the merged config must have NRI and CDI on, and the handler is not applicable."""
+    nri = mode == "nri"
     gpu = [
         _module(facts),
         _userspace(facts),
         _validation(facts, "driver-ready"),
         _xid(facts),
         _fabric_manager(facts),
-        _toolkit(facts, binary),
+        _toolkit(facts, binary, nri),
         _validation(facts, "toolkit-ready"),
         _cdi(facts, spec_path),
         _cdi_specs(facts),
@@ -696,11 +773,11 @@ def assess(node: str, facts: NodeReadinessInfo, binary: str, spec_path: str, han
         _pci(facts),
         _gpu_only(_owners(facts, handler), facts),
         *(_gpu_only(link, facts) for link in gpu),
-        _containerd_config(facts),
-        _containerd_running(facts),
+        _containerd_config(facts, nri),
+        _containerd_running(facts, nri),
         _containerd_signals(facts),
         _runtime_writers(facts, handler),
-        _runtime_handler(facts, handler, binary),
+        _runtime_handler(facts, handler, binary, nri),
         _validation(facts, "cuda-ready"),
         _validation(facts, "plugin-ready"),
         _device_plugin(facts),

@@ -43,6 +43,7 @@ def node_readiness_reported(fail_not_ready: bool = True) -> None:
         fail_not_ready=fail_not_ready,
         cdi_spec_dirs=values["gpunode_cdi_spec_dirs"],
         handler=values["gpunode_runtime_handler"],
+        mode=values["gpunode_containerd_mode"],
     )
 
 

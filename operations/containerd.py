@@ -14,11 +14,12 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 from pyinfra.facts.files import File
 
 from pyinfra_gpunode import shell
-from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, plan, same_meaning, staged_imports
+from pyinfra_gpunode.containerd_dropin import MODES, OUR_DROPIN, Options, plan, same_meaning, staged_imports
 from pyinfra_gpunode.containerd_dump import (
     CriLoaded,
     candidate_losses,
     expected_after_restart,
+    nri_losses,
     restart_problem,
     runc_runtime,
     summarize,
@@ -85,6 +86,7 @@ class Registration:
     # The mark of a rollout turn an earlier run began here and did not end, and why its content was not used.
     turn_mark: TurnMark | None = None
     turn_mark_problem: str | None = None
+    mode_line: str | None = None  # NRI mode: what the plan says of it
 
     @property
     def restart_pending(self) -> bool:
@@ -129,7 +131,11 @@ def _registration(
     binary_required: bool = False,
     enable_cdi: bool | None = None,
     handler: str = "nvidia",
+    mode: str = "runtime",
+    enable_nri: bool | None = None,
 ) -> Registration:
+    if mode not in MODES:
+        raise OperationValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     _check_absolute("binary", binary)
     _check_absolute("dropin_dir", dropin_dir)
     for spec_dir in cdi_spec_dirs or []:
@@ -160,6 +166,8 @@ def _registration(
         cdi_spec_dirs=None if cdi_spec_dirs is None else tuple(cdi_spec_dirs),
         dropin_dir=dropin_dir.rstrip("/"),
         enable_cdi=enable_cdi,
+        mode=mode,
+        enable_nri=enable_nri,
     )
     before_dump = before["dump"] if before else {}
     current_cri_problem = cri_start_problem(before, files["main_path"], files["texts"])
@@ -170,8 +178,10 @@ def _registration(
         logger.warning("%s%s", host.print_prefix, warning)
     for line in result.dropped_lines:
         logger.info("%s%s", host.print_prefix, line)
+    nri = mode == "nri"
+    mode_line = result.mode_line or None
 
-    if not node["binary_present"]:
+    if not node["binary_present"] and not nri:  # NRI mode runs no nvidia runtime binary
         message = f"nvidia runtime binary {binary} is missing on the node"
         if binary_required:
             return Registration(f"containerd config not changed: {message} (gpunode_runtime_binary_required)")
@@ -203,12 +213,17 @@ def _registration(
     current = {path: files["texts"][path] for path in writes if path in files["texts"]}
     if not writes:
         summary = before["summary"] if before and not before["error"] else None
-        problem = handler_problem(summary["runtimes"], handler, binary) if summary and handler != "nvidia" else None
+        problem = (
+            handler_problem(summary["runtimes"], handler, binary)
+            if summary and handler != "nvidia" and not nri
+            else None
+        )
         return Registration(
             "containerd config not changed: " + problem if problem else None,
             service=node["service"],
             restart_reason=restart_reason(node["service"], node["dump"]),
             current_cri_problem=current_cri_problem,
+            mode_line=mode_line,
         )
     links = links_in_the_way(list(writes), files["links"])
     if links:
@@ -231,6 +246,7 @@ def _registration(
         modes={path: modes[path] for path in writes},
         owners={path: files["owners"].get(path, "root:root") for path in writes},
         current_cri_problem=current_cri_problem,
+        mode_line=mode_line,
     )
     if after is None or after["error"]:
         found.problem = (
@@ -256,7 +272,8 @@ def _registration(
         binary,
         result.user_set,
         result.dropped,
-    )
+        runtime_expected=not nri,
+    ) + nri_losses(after["dump"], result.nri_expected, result.nri_user_set)
     if losses:
         found.problem = "containerd config not changed: the candidate would lose: " + "; ".join(losses)
         if result.provenance_unknown:
@@ -267,7 +284,7 @@ def _registration(
             )
         return found
     assert after["summary"] is not None  # a dump without an error has its summary
-    problem = handler_problem(after["summary"]["runtimes"], handler, binary)
+    problem = None if nri else handler_problem(after["summary"]["runtimes"], handler, binary)
     if problem:
         found.problem = "containerd config not changed: " + problem
         return found
@@ -296,10 +313,12 @@ def nvidia_runtime(
     binary_required: bool = False,
     enable_cdi: bool | None = None,
     handler: str = "nvidia",
+    mode: str = "runtime",
+    enable_nri: bool | None = None,
 ) -> Generator[Any, Any, None]:
     """
     Register the nvidia runtime with containerd's CRI plugin through a drop-in that survives
-    other drop-ins.
+    other drop-ins (or, in NRI mode, turn on containerd's NRI and CDI without a runtime).
 
     + binary: ``BinaryName`` of the nvidia runtime (absolute path)
     + systemd_cgroup: ``SystemdCgroup`` of the nvidia runtime; ``None`` keeps what a file sets
@@ -314,6 +333,10 @@ def nvidia_runtime(
     + enable_cdi: ``enable_cdi`` (containerd 1.7 and 2.x); ``None`` keeps what a file sets, else on
     + handler: the runtime name the cluster's RuntimeClass uses; the candidate config must have a
       runtime of that name whose ``BinaryName`` is ``binary``, else the host fails naming it
+    + mode: ``runtime`` registers the nvidia runtime; ``nri`` registers none and turns on
+      containerd's NRI plugin and CDI (containerd 1.7 and later), for the GPU Operator's NRI plugin
+    + enable_nri: NRI mode: ``None`` keeps a file's ``disable`` for the NRI plugin (the plan says NRI
+      stays off), ``True`` turns NRI on whatever the files set; else on
 
     The nvidia runtime is a copy of the default runtime's entry (options, ``base_runtime_spec``,
     sandbox settings…) with ``binary`` as its ``BinaryName``; a value a file sets for a key
@@ -341,6 +364,13 @@ def nvidia_runtime(
     first with ``config_backed_up`` (the rollout does, at each node's turn). containerd is not
     restarted: a restart is pending until it is (see ``ContainerdService``).
 
+    In NRI mode nothing of the above concerns a runtime: the file writes ``enable_cdi`` (and
+    ``cdi_spec_dirs``) by the same rule, and ``disable = false`` for ``io.containerd.nri.v1.nri`` where no
+    file sets it (on 1.7 with every other file's NRI keys, as it carries the CRI section); an
+    nvidia runtime our previous file registered is dropped, the plan says so, and the gate holds
+    the candidate to NRI on and to every NRI key a file sets. ``binary`` and ``handler`` are not
+    checked then.
+
     On a k3s or RKE2 node whose agent finds the toolkit's ``nvidia-container-runtime`` (and so adds
     the nvidia runtime itself) nothing is written, and the step says where the runtime was found;
     while the generated config lacks it, the rollout restarts the agent's unit instead
@@ -356,7 +386,16 @@ def nvidia_runtime(
         )
     """
     found = _registration(
-        binary, systemd_cgroup, default_runtime, cdi_spec_dirs, dropin_dir, binary_required, enable_cdi, handler
+        binary,
+        systemd_cgroup,
+        default_runtime,
+        cdi_spec_dirs,
+        dropin_dir,
+        binary_required,
+        enable_cdi,
+        handler,
+        mode,
+        enable_nri,
     )
     if not found.installed and not state.is_executing:
         host.noop("containerd is not installed yet; the runtime is registered once it is")
@@ -367,12 +406,14 @@ def nvidia_runtime(
     if not found.writes:
         if found.note and state.is_executing:  # k3s or RKE2 adding nvidia themselves
             logger.info("%s%s", host.print_prefix, found.note)
-        host.noop(found.note or "containerd runtime nvidia is registered")
+        host.noop(found.note or found.mode_line or "containerd runtime nvidia is registered")
         return
     for path, text in found.writes.items():
         user, _, group = found.owners.get(path, "root:root").partition(":")
         yield from write_file(path, text, mode=found.modes[path], user=user, group=group)
     if state.is_executing:
+        if found.mode_line:
+            logger.info("%s%s", host.print_prefix, found.mode_line)
         logger.info("%scontainerd restart pending: %s", host.print_prefix, ", ".join(found.writes))
 
 
@@ -489,6 +530,7 @@ def restarted_if_pending(
     dropped_runtimes: list[str] | None = None,
     backup_cri_problem: str | None = None,
     resumed: bool = False,
+    mode: str = "runtime",
 ) -> Generator[Any, Any, None]:
     """
     Restart containerd when a config file is newer than the running daemon or the unit is not
@@ -507,6 +549,8 @@ def restarted_if_pending(
       nothing back, since restoring it would take the CRI down as well
     + resumed: restart and verify even with nothing pending: the turn an earlier run began here
       (its mark on the node) may have ended anywhere, the restart's verification included
+    + mode: ``runtime``: the new daemon must have loaded the nvidia runtime; ``nri`` (NRI mode, no
+      runtime registered): only the runtimes of the merged config and of the previous daemon
 
     A config that would not start the CRI plugin by its own start rules (``mirrors`` with
     ``config_path``, a disabled CRI plugin, an undefined default runtime, ...) is never restarted
@@ -557,7 +601,7 @@ def restarted_if_pending(
         if gone and state.is_executing:
             logger.info("%sthe restart drops runtimes %s: no config file defines them any more",
                         host.print_prefix, ", ".join(gone))  # fmt: skip
-    expected = expected_after_restart(summary, previous, dropped)
+    expected = expected_after_restart(summary, previous, dropped, runtime_expected=mode != "nri")
     restart = StringCommand(shell.command(_RESTART_AND_WAIT, "gpunode-restart", str(max(1, int(timeout)) * 5), address))
     if state.is_executing:
         logger.info("%srestarting containerd: %s", host.print_prefix, reason)

@@ -33,6 +33,7 @@ def reported(
     fail_not_ready: bool = True,
     cdi_spec_dirs: list[str] | None = None,
     handler: str = "nvidia",
+    mode: str = "runtime",
 ) -> Generator[Any, Any, None]:
     """
     Read the node's readiness chain in one command, changing nothing, and report it: once every
@@ -45,6 +46,8 @@ def reported(
     + cdi_spec_dirs: CDI spec directories besides ``/etc/cdi`` and ``/var/run/cdi`` whose specs are
       checked too (containerd's ``cdi_spec_dirs``)
     + handler: the runtime name the cluster's RuntimeClass uses (checked to run ``binary``)
+    + mode: ``runtime``, or ``nri`` (NRI mode): no nvidia runtime or handler asked for; containerd's
+      merged config must have NRI and CDI on instead
 
     The report reads the same with and without ``--dry``; a node that is not ready fails when the
     operations run (``-y``), so the exit status is non-zero. The JSON file (schema 1) lists every
@@ -61,7 +64,7 @@ def reported(
     reports = REPORTS.setdefault(run, {})
     if host.name not in reports:
         facts = _readiness_facts(binary, cdi_spec_dirs)
-        reports[host.name] = assess(host.name, facts, binary, cdi_spec_path, handler)
+        reports[host.name] = assess(host.name, facts, binary, cdi_spec_path, handler, mode)
         _print_when_complete(run, reports, json_path)
     report = reports[host.name]
     first = report.first_broken

@@ -211,12 +211,15 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
     changes = turn_changes(settings["driver"], found.writes, found.restart_reason if rolling else None)
     changes += _resumed_changes(found) if _takes_turns(settings) else []
     hostname, refused = _hook_hostname(host, settings) if _takes_turns(settings) and changes else ("", None)
+    if found.mode_line and not found.problem:  # NRI mode: the plan names it
+        logger.info("%splan: %s", host.print_prefix, found.mode_line)
     if found.problem or unit or refused:
         logger.warning("%splan: %s", host.print_prefix, found.problem or unit or refused)
     elif not changes and not found.writes:
         if found.note:  # k3s or RKE2 adding nvidia themselves: the plan says so
             logger.info("%splan: %s", host.print_prefix, found.note)
-        host.noop(found.note or "containerd runs the nvidia runtime config; nothing disruptive to do")
+        what = "NRI mode config" if found.mode_line else "nvidia runtime config"
+        host.noop(found.note or f"containerd runs the {what}; nothing disruptive to do")
         return
     else:
         hooks = _plan_hooks(settings, hostname) if _takes_turns(settings) and changes else []
@@ -555,6 +558,7 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
                     dropped_runtimes=found.dropped_runtimes,
                     backup_cri_problem=backup_cri_problem,
                     resumed=mark is not None,
+                    mode=settings["runtime"].get("mode", "runtime"),
                 )
                 if rolling
                 else None

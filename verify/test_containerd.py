@@ -5,7 +5,7 @@ from __future__ import annotations
 import tomllib
 
 from pyinfra_gpunode.containerd_dropin import CRI_V2
-from pyinfra_gpunode.containerd_dump import CRI_V3_IMAGES, expected_after_restart, restart_problem
+from pyinfra_gpunode.containerd_dump import CRI_V3_IMAGES, expected_after_restart, nri_state, restart_problem
 from pyinfra_gpunode.facts.containerd import (
     ContainerdConfigDump,
     ContainerdConfigFiles,
@@ -35,8 +35,15 @@ def test_containerd_active_and_enabled(node: Node) -> None:
 
 
 def test_nvidia_runtime_in_merged_config(node: Node) -> None:
-    summary = _merged(node)["summary"]
+    """The nvidia runtime as host data asks; in NRI mode NRI and CDI on instead (no runtime asked for)."""
+    merged = _merged(node)
+    summary = merged["summary"]
     settings = validate(node.data)
+    if settings["gpunode_containerd_mode"] == "nri":
+        on, why = nri_state(merged["dump"])
+        assert on, f"NRI mode: NRI is not on in `containerd config dump`: {why}"
+        assert summary["enable_cdi"] is True, f"NRI mode: enable_cdi is {summary['enable_cdi']!r} in the merged config"
+        return
     nvidia = summary["runtimes"].get("nvidia")
     assert nvidia is not None, f"no nvidia runtime in `containerd config dump` (runtimes: {list(summary['runtimes'])})"
     assert nvidia["runtime_type"] == "io.containerd.runc.v2"
@@ -64,9 +71,9 @@ def test_running_daemon_loaded_nvidia_runtime(node: Node) -> None:
     service = read_fact(node, ContainerdService)
     loaded = read_fact(node, ContainerdCriLoaded, address=address) or ContainerdCriLoaded.default()
     assert service is not None, "systemd does not answer"
-    problem = restart_problem(
-        service["active_state"], service["result"], loaded, expected_after_restart(dump["summary"], loaded)
-    )
+    nri = validate(node.data)["gpunode_containerd_mode"] == "nri"  # NRI mode: no nvidia runtime asked for
+    expected = expected_after_restart(dump["summary"], loaded, runtime_expected=not nri)
+    problem = restart_problem(service["active_state"], service["result"], loaded, expected)
     assert problem is None, f"the running containerd: {problem} (read from {loaded['source'] or 'nothing'})"
 
 
