@@ -227,7 +227,7 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
             logger.info("%splan: %s", host.print_prefix, line)
         if found.writes:
             then = "then restart containerd and verify" if rolling else "no restart (gpunode_containerd_restart: none)"
-            logger.info("%splan: write %s, %s\\n%s", host.print_prefix, ", ".join(found.writes), then, found.diff())
+            logger.info("%splan: write %s, %s\n%s", host.print_prefix, ", ".join(found.writes), then, found.diff())
         elif rolling and found.restart_pending and found.platform:
             logger.info("%splan: %s; restart it and verify", host.print_prefix, found.restart_reason)
         elif rolling and found.restart_pending:
@@ -406,9 +406,7 @@ class _Clock:
         eta = eta_text(self.group_seconds or [seconds], left)
         word = outcome.split(":", 1)[0]
         turn, turns = self.number(node.name).split("/")
-        logger.info(
-            "%s%s", node.print_prefix, progress_line(int(turn), int(turns), group, node.name, word, seconds, eta)
-        )
+        logger.info("--> %s", progress_line(int(turn), int(turns), group, node.name, word, seconds, eta))
 
 
 def _unit_problem(found: containerd.Registration, settings: NodeSettings) -> str | None:

@@ -144,6 +144,7 @@ def test_a_canary_goes_alone_then_batches_run_side_by_side_and_never_across(
     expected = ["canary 1/1: bt1", "batch 1/3: bt2, bt3", "batch 2/3: bt4, bt5", "batch 3/3: bt6"]
     assert [line for line in plan.splitlines()[1:5]] == expected, plan
     assert calls(hook) == [] and state_of(fleet, NODES) == before
+    assert "\n--- /etc/containerd/config.toml (node)" in dry.stdout and "\\n---" not in dry.stdout  # the diff
 
     run = deploy(path, "-y", HOOK_SLEEP_ALL="1")
     assert run.returncode == 0, run.stdout
