@@ -65,15 +65,36 @@ class TurnGroup:
         return f"{self.kind} {self.index}/{self.count}"
 
 
-def turn_groups(turns: Sequence[str], canary: int, size: int, resumed: Collection[str] = ()) -> list[TurnGroup]:
+def turn_groups(
+    turns: Sequence[str],
+    canary: int,
+    size: int,
+    resumed: Collection[str] = (),
+    down: Collection[str] = (),
+    already_down: int = 0,
+) -> list[TurnGroup]:
     """
     The turns in the order they run: each node caught mid-turn by an earlier run alone and first,
-    then the first ``canary`` other nodes each alone, then batches of ``size`` in ``turns`` order.
+    then the first ``canary`` other nodes each alone, then batches of up to ``size`` in ``turns``
+    order. Nodes out of service count against each batch they are not in: ``already_down`` nodes
+    without a turn of their own, and the nodes of ``down`` (containerd not active, CRI failed) whose
+    turn comes after it; a batch always holds at least one turn.
     """
     again = [name for name in turns if name in resumed]
     rest = [name for name in turns if name not in resumed]
     canaries, others = rest[:canary], rest[canary:]
-    batches = [tuple(others[start : start + size]) for start in range(0, len(others), max(1, size))]
+    batches: list[tuple[str, ...]] = []
+    start = 0
+    while start < len(others):
+        capacity = batch_capacity(size, already_down)
+        while True:  # shrinks until the nodes down after this batch are counted: at most len(others) rounds
+            later = sum(1 for name in others[start + capacity :] if name in down)
+            fitting = batch_capacity(size, already_down + later)
+            if fitting >= capacity:
+                break
+            capacity = fitting
+        batches.append(tuple(others[start : start + capacity]))
+        start += capacity
     return [
         *(TurnGroup("resumed", k, len(again), (name,)) for k, name in enumerate(again, 1)),
         *(TurnGroup("canary", k, len(canaries), (name,)) for k, name in enumerate(canaries, 1)),
@@ -82,19 +103,17 @@ def turn_groups(turns: Sequence[str], canary: int, size: int, resumed: Collectio
 
 
 def batch_capacity(size: int, out_of_service: int) -> int:
-    """Turns a batch may run at once when ``out_of_service`` nodes of the run are down without a turn of
-    their own (unreachable, or not ready and refused): they count against the batch, at least one turn."""
+    """Turns a batch may run at once while ``out_of_service`` other nodes of the run are down: they
+    count against the batch, at least one turn."""
     return max(1, size - out_of_service)
 
 
-def plan_lines(groups: Sequence[TurnGroup], out_of_service: Mapping[str, str], size: int, capacity: int) -> list[str]:
-    """The rollout as the plan lists it: every group with its nodes, in order."""
+def plan_lines(groups: Sequence[TurnGroup], out_of_service: Mapping[str, str], size: int) -> list[str]:
+    """The rollout as the plan lists it: what is out of service, then every group with its nodes, in order."""
     lines = []
     if out_of_service:
         down = ", ".join(f"{name} ({why})" for name, why in out_of_service.items())
-        lines.append(f"out of service before the rollout, counted against each batch: {down}")
-    if capacity != size:
-        lines.append(f"batches of {capacity} (gpunode_rollout_batch {size}, less {size - capacity} out of service)")
+        lines.append(f"out of service, counted against each batch they are not in (of {size}): {down}")
     lines += [f"{group.label}: {', '.join(group.nodes)}" for group in groups]
     return lines or ["no node takes a turn"]
 

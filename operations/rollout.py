@@ -38,7 +38,6 @@ from pyinfra_gpunode.rollout import (
     NodeSettings,
     RolloutPolicy,
     TurnGroup,
-    batch_capacity,
     batch_size,
     eta_text,
     halt_lines,
@@ -362,28 +361,40 @@ def _layout(
     run: State, policy: RolloutPolicy, judged: dict[str, tuple[containerd.Registration, NodeSettings]]
 ) -> _Layout:
     layout = _Layout(judged)
-    down = {
+    gone = {
         name: "failed or unreachable before the rollout"
         for name in policy.order
         if name not in judged and run.inventory.get_host(name) in run.failed_hosts
     }
+    down: dict[str, str] = {}
     turns = []
     for name, (found, mine) in judged.items():
         refusal = _unit_problem(found, mine) or _cri_refusal(found, mine)
+        why = _out_of_service(found)
         if refusal:
             layout.refused[name] = refusal
-            if found.service and found.service.get("active_state") != "active":
-                down[name] = "containerd not active, and refused"
+        if why and refusal:
+            gone[name] = f"{why}, refused"  # stays down: no turn of its own mends it
+        elif why:
+            down[name] = f"{why} until its turn"
         if refusal or _turn_needed(found, mine):
             turns.append(name)
         else:
             layout.unchanged.append(name)
-    size = batch_size(policy.batch, len(judged) + len(down))
-    capacity = batch_capacity(size, len(down))
+    size = batch_size(policy.batch, len(judged) + sum(1 for name in gone if name not in judged))
     resumed = [name for name in turns if judged[name][0].turn_mark is not None and name not in layout.refused]
-    layout.groups = turn_groups(turns, policy.canary, capacity, resumed)
-    layout.lines = plan_lines(layout.groups, down, size, capacity)
+    layout.groups = turn_groups(turns, policy.canary, size, resumed, set(down), len(gone))
+    layout.lines = plan_lines(layout.groups, {**gone, **down}, size)
     return layout
+
+
+def _out_of_service(found: containerd.Registration) -> str | None:
+    """Why the node serves no pods now (containerd not active, its CRI plugin failed), or ``None``."""
+    if found.service and found.service.get("load_state") == "loaded" and found.service.get("active_state") != "active":
+        return f"containerd {found.service.get('active_state') or 'not active'}"
+    if found.restart_reason and found.restart_reason.startswith("its CRI plugin failed"):
+        return "its CRI plugin failed"
+    return None
 
 
 @dataclass

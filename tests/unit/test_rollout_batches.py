@@ -83,17 +83,27 @@ def test_nodes_out_of_service_count_against_the_batch_but_never_stop_it() -> Non
     assert batch_capacity(5, 9) == 1
 
 
+def test_nodes_down_until_their_turn_count_against_the_batches_before_it() -> None:
+    # n6 is down (containerd failed) until its own turn in the last batch: earlier batches hold one turn less.
+    groups = turn_groups(NODES[:6], 0, 3, down={"n6"})
+    assert [group.nodes for group in groups] == [("n1", "n2"), ("n3", "n4"), ("n5", "n6")]
+    # Two nodes down for good (unreachable, refused) and one until its turn: batches of 1 until n3's.
+    groups = turn_groups(NODES[:5], 0, 3, down={"n3"}, already_down=2)
+    assert [group.nodes for group in groups] == [("n1",), ("n2",), ("n3",), ("n4",), ("n5",)]
+    assert [group.nodes for group in turn_groups(NODES[:4], 0, 4, already_down=1)] == [("n1", "n2", "n3"), ("n4",)]
+
+
 def test_the_plan_lists_every_group_and_what_is_out_of_service() -> None:
-    groups = turn_groups(NODES[:4], 1, 2)
-    lines = plan_lines(groups, {"n9": "failed or unreachable before the rollout"}, 3, 2)
+    groups = turn_groups(NODES[:4], 1, 2, already_down=0)
+    lines = plan_lines(groups, {"n9": "failed or unreachable before the rollout"}, 3)
     assert lines == [
-        "out of service before the rollout, counted against each batch: n9 (failed or unreachable before the rollout)",
-        "batches of 2 (gpunode_rollout_batch 3, less 1 out of service)",
+        "out of service, counted against each batch they are not in (of 3): n9 (failed or unreachable before the "
+        "rollout)",
         "canary 1/1: n1",
         "batch 1/2: n2, n3",
         "batch 2/2: n4",
     ]
-    assert plan_lines([], {}, 1, 1) == ["no node takes a turn"]
+    assert plan_lines([], {}, 1) == ["no node takes a turn"]
 
 
 def test_progress_eta_and_timing() -> None:
@@ -142,3 +152,16 @@ def test_a_turn_mark_is_read_back_and_an_untrusted_one_never_names_a_backup() ->
         mark, problem = parse_turn_mark([planted])
         assert mark is not None and mark.backup is None, planted  # still taken first, never restored from
         assert problem is not None and TURN_MARKER in problem and "\x1b" not in problem
+
+
+def test_a_node_is_out_of_service_when_containerd_is_down_or_its_cri_failed() -> None:
+    from pyinfra_gpunode.operations.containerd import Registration
+    from pyinfra_gpunode.operations.rollout import _out_of_service
+
+    def found(active: str, reason: str | None = None) -> Registration:
+        return Registration(service={"load_state": "loaded", "active_state": active}, restart_reason=reason)  # type: ignore[typeddict-item]
+
+    assert _out_of_service(found("failed", "the unit is failed")) == "containerd failed"
+    assert _out_of_service(found("active", "its CRI plugin failed to load: x")) == "its CRI plugin failed"
+    assert _out_of_service(found("active", "a config file is newer than the daemon")) is None
+    assert _out_of_service(Registration()) is None
