@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from typing import TypedDict, cast
 
@@ -542,6 +543,72 @@ class NvidiaAptVersions(FactBase[dict[str, list[str]]]):
             if parts[1] not in found:
                 found.append(parts[1])
         return versions
+
+
+class AptFile(TypedDict):
+    name: str  # the .deb file's name in /var/cache/apt/archives ("": apt's line did not read as one)
+    size: int  # bytes
+
+
+class AptDownloadsInfo(TypedDict):
+    """``AptDownloads``'s value."""
+
+    files: list[AptFile]
+    error: str | None
+
+
+_DEB_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+~%_:-]*\.deb\Z")
+APT_DOWNLOADS_MAX = 2000  # files an answer may list; more is no node's driver or toolkit
+APT_ERROR_MAX = 500  # characters of apt's error kept
+
+
+class AptDownloads(FactBase[AptDownloadsInfo]):
+    """
+    Returns the ``.deb`` files apt would fetch to install ``packages`` (``name=version`` or ``name``),
+    with what they depend on, and apt's first error (a version the index does not offer, a conflict),
+    or None (``apt-get install --print-uris``). Files already in ``/var/cache/apt/archives`` are not
+    listed, so an empty list means the install needs no download. Nothing is installed, downloaded
+    or locked, and apt's binary caches are built in memory only.
+
+    .. code:: python
+
+        {"files": [{"name": "nvidia-driver_550.163.01-2_amd64.deb", "size": 493100}], "error": None}
+    """
+
+    @override
+    def command(self, packages: list[str]) -> str:
+        pins = " ".join(shlex.quote(pin) for pin in packages)
+        return (
+            f"apt-get {APT_READ_ONLY} --print-uris -qq -y --no-install-recommends --allow-change-held-packages "
+            f'install {pins} 2>&1; echo "rc=$?"'
+        )
+
+    @staticmethod
+    def default() -> AptDownloadsInfo:
+        return {"files": [], "error": None}
+
+    @override
+    def process(self, output: list[str]) -> AptDownloadsInfo:
+        files: list[AptFile] = []
+        errors: list[str] = []
+        status = None
+        for line in output:
+            if line.startswith("'"):  # 'URI' FILE SIZE HASH
+                parts = line.split()
+                if len(parts) >= 3 and _DEB_FILE.match(parts[1]) and parts[2].isdigit():
+                    files.append({"name": parts[1], "size": int(parts[2])})
+                else:  # a file all the same: the install is not ready without a download
+                    files.append({"name": "", "size": 0})
+                if len(files) > APT_DOWNLOADS_MAX:
+                    raise FactProcessError(f"apt would fetch more than {APT_DOWNLOADS_MAX} files")
+            elif line.startswith("E: "):
+                errors.append(line[3:].strip()[:APT_ERROR_MAX])
+            elif line.startswith("rc="):
+                status = line[3:].strip()
+        error = errors[0] if errors else None
+        if error is None and status not in (None, "0"):
+            error = f"apt-get exited {status[:10]}"
+        return {"files": files, "error": error}
 
 
 TOOLKIT_PACKAGES = (

@@ -361,9 +361,28 @@ def _toolkit_changes(values: dict[str, Any]) -> list[str]:
     )
 
 
-def _gpu_steps(values: dict[str, Any]) -> None:
-    """The driver, then (once it is loaded and matches its userspace) Fabric Manager, the toolkit, CDI."""
-    nvidia.driver(name="NVIDIA driver: installed and held, or preinstalled", **_driver_arguments(values))
+def _downloads(values: dict[str, Any]) -> None:
+    """The driver and toolkit packages the node's turn installs, downloaded before any turn, on every node at
+    once; a node whose download fails is failed here and takes no turn."""
+    arguments = {
+        key: value for key, value in _driver_arguments(values).items() if key not in ("reboot", "reboot_timeout")
+    }
+    nvidia.driver_downloaded(name="NVIDIA driver: packages downloaded before the turns", **arguments)
+    nvidia.container_toolkit_downloaded(
+        name="NVIDIA Container Toolkit: packages downloaded before the turns",
+        source=values["gpunode_toolkit_source"],
+        version=values["gpunode_toolkit_version"],
+        deb_dir=values["gpunode_toolkit_deb_dir"],
+    )
+
+
+def _gpu_steps(values: dict[str, Any], in_turn: bool = False) -> None:
+    """The driver, then (once it is loaded and matches its userspace) Fabric Manager, the toolkit, CDI.
+    ``in_turn``: in the node's rollout turn, installing only what ``_downloads`` put in apt's cache."""
+    downloaded = nvidia.downloaded_packages(current_state(), host.name) if in_turn else None
+    nvidia.driver(
+        name="NVIDIA driver: installed and held, or preinstalled", downloaded=downloaded, **_driver_arguments(values)
+    )
     ready = partial(_driver_ready, values)
     driver, found = node_fact(NvidiaDriver), node_fact(GpuOperatorState)
     if driver_from_container(driver, found):
@@ -375,6 +394,7 @@ def _gpu_steps(values: dict[str, Any]) -> None:
         source=values["gpunode_toolkit_source"],
         version=values["gpunode_toolkit_version"],
         deb_dir=values["gpunode_toolkit_deb_dir"],
+        downloaded=downloaded,
         _if=ready,
     )
     cdi.refresh_start_limit(name="CDI refresh: no start limit", _if=ready)
@@ -395,7 +415,8 @@ def gpu_node_prepared() -> None:
     last the containerd runtime, rolled out one node at a time, and a per-node summary. A
     driver change (install, upgrade, reboot) is made in the node's rollout turn, with the GPU
     steps after it, between the rollout hooks, and so is a toolkit install or upgrade (its package
-    reloads systemd and starts the CDI refresh); everything else runs on all nodes at once. A node
+    reloads systemd and starts the CDI refresh); their packages are downloaded before the first turn,
+    and the turn installs them without downloading. Everything else runs on all nodes at once. A node
     whose host data is refused, or whose containerd a platform owns (k3s, RKE2, k0s, EKS
     nodeadm), fails with the reason before anything runs on it.
     """
@@ -419,9 +440,10 @@ def gpu_node_prepared() -> None:
     kernel.nouveau_blacklisted(name="nouveau: blacklisted")
     if kind["gpus"]["gpus"]:
         changes = nvidia.driver_changes(**_driver_arguments(values)) + _toolkit_changes(values)
-        if changes:  # in the node's turn, whatever gpunode_containerd_restart says
+        if changes:  # in the node's turn, whatever gpunode_containerd_restart says; downloaded before
+            _downloads(values)
             turns = _DRIVER_TURNS.setdefault(current_state(), {})
-            turns[host.name] = (changes, partial(_gpu_steps, values))
+            turns[host.name] = (changes, partial(_gpu_steps, values, in_turn=True))
         else:
             _gpu_steps(values)
     else:

@@ -75,6 +75,16 @@ def changed_operations(run: State, node: Host) -> list[str]:
     ]
 
 
+def first_failure(run: State, node: Host) -> tuple[str, str] | None:
+    """The first name (sorted) and the stderr of the first of ``node``'s operations in this run that
+    completed and failed, in the order added; None where none did."""
+    for op_hash, data in run.ops.get(node, {}).items():
+        meta = data.operation_meta
+        if meta.is_complete() and not meta.did_succeed():
+            return sorted(run.op_meta[op_hash].names)[0], meta.stderr
+    return None
+
+
 def failed_operation(error: NestedOperationError) -> str:
     """The hash of the nested operation whose failure raised ``error``."""
     op_hash: str = error.args[0]

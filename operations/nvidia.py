@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 import shlex
 import time
-from collections.abc import Generator
+import weakref
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
 from pyinfra import host, state
-from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, State, StringCommand, operation
 from pyinfra.facts.server import Command
 
 from pyinfra_gpunode import shell
@@ -32,6 +33,8 @@ from pyinfra_gpunode.facts.nvidia import (
     TOOLKIT_KEYRING,
     TOOLKIT_LIST,
     TOOLKIT_PACKAGES,
+    AptDownloads,
+    AptDownloadsInfo,
     DriverInfo,
     NvidiaAptVersions,
     NvidiaContainerToolkit,
@@ -42,11 +45,11 @@ from pyinfra_gpunode.facts.nvidia import (
 )
 from pyinfra_gpunode.facts.operator import GpuOperatorState
 from pyinfra_gpunode.hostdata import REBOOT_TIMEOUTS
-from pyinfra_gpunode.log import logger
+from pyinfra_gpunode.log import logger, shown
 from pyinfra_gpunode.operations import _lock
 from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._atomic import write_file
-from pyinfra_gpunode.operations._internals import current_state
+from pyinfra_gpunode.operations._internals import current_state, in_a_run
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import node_fact
 from pyinfra_gpunode.operator import DRIVER_ROOT, driver_from_container
@@ -72,8 +75,14 @@ TOOLKIT_REPO_LINE = (
 )
 
 
-def _install(packages: dict[str, str]) -> StringCommand:
-    pins = [QuoteString(f"{name}={version}" if version else name) for name, version in sorted(packages.items())]
+def _pins(packages: Mapping[str, str]) -> list[str]:
+    """``name=version`` (``name`` where any version will do), sorted by name."""
+    return [f"{name}={version}" if version else name for name, version in sorted(packages.items())]
+
+
+def _install(packages: dict[str, str], download: bool = True) -> StringCommand:
+    """apt-get install of exactly these versions; without ``download`` only from apt's cache (apt fails
+    rather than fetch a file that is not there)."""
     return StringCommand(
         "env",
         "DEBIAN_FRONTEND=noninteractive",
@@ -83,8 +92,65 @@ def _install(packages: dict[str, str]) -> StringCommand:
         "-y",
         "--no-install-recommends",
         "--allow-change-held-packages",
-        *pins,
+        *([] if download else ["--no-download"]),
+        *[QuoteString(pin) for pin in _pins(packages)],
     )
+
+
+# Downloads into apt's cache, installing nothing; ends with apt's first error when it fails.
+_DOWNLOAD_SCRIPT = shell.script(Path(__file__).parent / "shell" / "apt-download.sh")
+
+
+def _download(packages: Mapping[str, str]) -> StringCommand:
+    return StringCommand(shell.command(_DOWNLOAD_SCRIPT, "gpunode-download", *_pins(packages)))
+
+
+# Per run (State): host name -> the packages downloaded into apt's cache before the rollout's turns (name ->
+# exact version; ``""``: any), which the node's turn installs without downloading.
+_DOWNLOADED: weakref.WeakKeyDictionary[State, dict[str, dict[str, str]]] = weakref.WeakKeyDictionary()
+
+
+def downloaded_packages(run: State, name: str) -> dict[str, str] | None:
+    """What ``driver_downloaded`` and ``container_toolkit_downloaded`` put in node ``name``'s apt cache in
+    this run (``{}``: nothing was needed); None where neither ran there."""
+    found = _DOWNLOADED.get(run, {}).get(name)
+    return None if found is None else dict(found)
+
+
+def _record(packages: Mapping[str, str]) -> None:
+    """Remember, for the node's turn, what is in its apt cache now (only once the run executes)."""
+    if state.is_executing and in_a_run():
+        _DOWNLOADED.setdefault(current_state(), {}).setdefault(host.name, {}).update(packages)
+
+
+def _size(total: int) -> str:
+    return f"{total / 1e6:.1f} MB" if total >= 100_000 else f"{total / 1e3:.1f} kB"
+
+
+def _downloaded(
+    what: str, packages: dict[str, str], needed: AptDownloadsInfo | None = None
+) -> Generator[Any, Any, None]:
+    """Download ``packages`` (what the turn installs) into apt's cache; nothing when apt needs no file.
+    ``needed``: apt's answer for them, when read already."""
+    pins = _pins(packages)
+    if needed is None:
+        needed = host.get_fact(AptDownloads, packages=pins)
+    if needed["error"]:
+        yield _fail(f"{what}: apt cannot install {', '.join(pins)}: {shown(needed['error'], 200)}")
+        return
+    if not needed["files"]:
+        _record(packages)
+        if not state.is_executing:
+            logger.info("%splan: %s in apt's cache: %s; the turn installs without downloading",
+                        host.print_prefix, what, ", ".join(pins))  # fmt: skip
+        host.noop(f"{what} packages are in apt's cache: {', '.join(pins)}")
+        return
+    if not state.is_executing:
+        total = sum(found["size"] for found in needed["files"])
+        logger.info("%splan: download before the turns: %s (%d files, %s); the turn installs without downloading",
+                    host.print_prefix, ", ".join(pins), len(needed["files"]), _size(total))  # fmt: skip
+    yield _download(packages)
+    _record(packages)
 
 
 def _hold(names: list[str]) -> StringCommand:
@@ -113,6 +179,7 @@ def driver(
     reboot: bool = False,
     replace_preinstalled: bool = False,
     reboot_timeout: int = 600,
+    downloaded: dict[str, str] | None = None,
 ) -> Generator[Any, Any, None]:
     """
     Install the NVIDIA driver pinned to an exact version and hold it, or accept the node's own.
@@ -138,6 +205,10 @@ def driver(
       ``libnvidia-ml`` belongs to no package (a runfile or image driver); otherwise such a
       node fails naming the library
     + reboot_timeout: seconds the rebooted node may take to answer again (60 to 7200)
+    + downloaded: the packages ``driver_downloaded`` put in apt's cache before (name -> exact version, as
+      ``downloaded_packages`` returns them): the plan is made from these and the installed packages
+      only, not from the package index, and the install never downloads (apt fails rather than fetch);
+      ``None``: from the package index, downloading what is missing
 
     Ubuntu: ``nvidia-headless-no-dkms-<flavour>`` and ``nvidia-utils-<flavour>`` with
     Canonical's signed ``linux-modules-nvidia-<flavour>-<kernel>`` when they exist for the
@@ -156,23 +227,18 @@ def driver(
         nvidia.driver(name="NVIDIA driver 580", version="580.126.20", flavor="server-open")
         nvidia.driver(name="The image's own driver", source="preinstalled")
     """
-    if source not in DRIVER_SOURCES:
-        raise OperationValueError(f"source must be one of {', '.join(DRIVER_SOURCES)}, got {source!r}")
     least, most = REBOOT_TIMEOUTS
     if isinstance(reboot_timeout, bool) or not isinstance(reboot_timeout, int) or not least <= reboot_timeout <= most:
         raise OperationValueError(
             f"reboot_timeout must be whole seconds from {least} to {most}, got {reboot_timeout!r}"
         )
-    try:
-        request = check_request(DriverRequest(branch, version, flavor, allow_dkms, mok_enrolled))
-    except DriverRequestError as exc:
-        raise OperationValueError(str(exc)) from exc
+    request = _driver_request(source, branch, version, flavor, allow_dkms, mok_enrolled)
 
     facts = node_fact(NvidiaHostState)
     if not facts["pci"]["gpus"]:
         host.noop("no NVIDIA GPU on this node; driver skipped")
         return
-    error, description, plan = _planned(facts, source, request, replace_preinstalled)
+    error, description, plan = _planned(facts, source, request, replace_preinstalled, downloaded)
     if error:
         yield _fail(error)
         return
@@ -185,7 +251,7 @@ def driver(
     to_install = _to_install(plan, installed)
     to_hold = [name for name in plan.hold if name not in held]
     if to_install:
-        yield _install(to_install)
+        yield _install(to_install, download=downloaded is None)
     loaded = facts["driver"]["kernel_module_version"]
     if plan.method == "dkms" and not same_driver(loaded, plan.version):
         built = facts["built_module_version"]
@@ -215,6 +281,76 @@ def driver(
             )
         else:
             host.noop(f"NVIDIA driver {plan.version} is installed, held and loaded ({plan.method})")
+
+
+def _driver_request(
+    source: str, branch: str | None, version: str | None, flavor: str, allow_dkms: bool, mok_enrolled: bool
+) -> DriverRequest:
+    if source not in DRIVER_SOURCES:
+        raise OperationValueError(f"source must be one of {', '.join(DRIVER_SOURCES)}, got {source!r}")
+    try:
+        return check_request(DriverRequest(branch, version, flavor, allow_dkms, mok_enrolled))
+    except DriverRequestError as exc:
+        raise OperationValueError(str(exc)) from exc
+
+
+@operation()
+@locked_before_changes
+def driver_downloaded(
+    source: str = "auto",
+    branch: str | None = None,
+    version: str | None = None,
+    flavor: str = "server",
+    allow_dkms: bool = False,
+    mok_enrolled: bool = False,
+    replace_preinstalled: bool = False,
+) -> Generator[Any, Any, None]:
+    """
+    Download the driver packages ``driver`` would install, at their exact versions, into apt's cache
+    (``apt-get install --download-only``, with what they depend on), so that the install needs no
+    network: on every node at once, before the rollout's turns, while the nodes still serve.
+
+    + source: ``packages``, ``preinstalled`` or ``auto``, as for ``driver``
+    + branch: driver branch (``580``), as for ``driver``
+    + version: exact driver version (``580.126.20``), as for ``driver``
+    + flavor: Ubuntu package flavour, as for ``driver``
+    + allow_dkms: allow building the module with DKMS, as for ``driver``
+    + mok_enrolled: the DKMS signing key is enrolled, as for ``driver``
+    + replace_preinstalled: packages over a driver that belongs to no package, as for ``driver``
+
+    Nothing is downloaded where the driver is installed at the planned version, the node keeps its
+    own driver, or apt finds every file in ``/var/cache/apt/archives`` already. Where ``driver``
+    would fail the node (no package at the version, DKMS refused), or apt cannot install or fetch
+    the packages, the node fails here. Pass what was downloaded to ``driver`` as ``downloaded``
+    (``downloaded_packages``): it then installs exactly these. A dry run downloads nothing and writes
+    nothing under ``/var/cache/apt``: its plan lists the packages and their size.
+
+    **Example:**
+
+    .. code:: python
+
+        nvidia.driver_downloaded(name="NVIDIA driver 580: downloaded", version="580.126.20", flavor="server-open")
+    """
+    request = _driver_request(source, branch, version, flavor, allow_dkms, mok_enrolled)
+    facts = node_fact(NvidiaHostState)
+    if not facts["pci"]["gpus"]:
+        host.noop("no NVIDIA GPU on this node; no driver to download")
+        return
+    error, _, plan = _planned(facts, source, request, replace_preinstalled)
+    if error:
+        yield _fail(error)
+        return
+    if plan is None:
+        _record({})
+        host.noop("the node keeps its own driver: nothing to download")
+        return
+    installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
+    to_install = _to_install(plan, installed)
+    if not to_install:
+        _record({})
+        host.noop(f"NVIDIA driver {plan.version} is installed: nothing to download")
+        return
+    yield from _downloaded(f"NVIDIA driver {plan.version}", to_install)
 
 
 def driver_changes(
@@ -256,10 +392,15 @@ def driver_changes(
 
 
 def _planned(
-    facts: NvidiaHostStateInfo, source: str, request: DriverRequest, replace_preinstalled: bool
+    facts: NvidiaHostStateInfo,
+    source: str,
+    request: DriverRequest,
+    replace_preinstalled: bool,
+    downloaded: Mapping[str, str] | None = None,
 ) -> tuple[str, str, DriverPlan | None]:
     """``(error, description, plan)``: why the host fails, or the preinstalled driver it keeps
-    (``plan`` None), or the package plan."""
+    (``plan`` None), or the package plan; with ``downloaded``, made from those packages and the
+    installed ones only, never from the package index."""
     chosen, error = resolve_source(source, request, facts["driver"]["kernel_module_version"])
     description = ""
     if chosen == "preinstalled":
@@ -271,7 +412,12 @@ def _planned(
     info = _host_info(facts)
     installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
     plan = plan_driver(info, request, installed, None)
-    if plan.error == "query":
+    if plan.error == "query" and downloaded is not None:
+        cached = {name: [version] for name, version in {**installed, **downloaded}.items() if version}
+        plan = plan_driver(info, request, installed, cached)
+        if plan.error:
+            plan.error += " (in the turn: among the packages downloaded before it and the installed ones)"
+    elif plan.error == "query":
         available = host.get_fact(NvidiaAptVersions, packages=wanted_names(info, request))
         plan = plan_driver(info, request, installed, available)
     if plan.error:
@@ -430,6 +576,7 @@ def container_toolkit(
     source: str = "auto",
     version: str | None = None,
     deb_dir: str | None = None,
+    downloaded: dict[str, str] | None = None,
 ) -> Generator[Any, Any, None]:
     """
     Install the NVIDIA Container Toolkit pinned to one version and held, or check it.
@@ -442,6 +589,10 @@ def container_toolkit(
     + version: toolkit package version (``1.17.8-1``), the same for all four packages; without
       it ``repository`` installs the newest version the repository offers once, then keeps it
     + deb_dir: directory on the node holding the four ``.deb`` files (``source="deb_dir"``)
+    + downloaded: the packages ``container_toolkit_downloaded`` put in apt's cache before (name ->
+      exact version, as ``downloaded_packages`` returns them): from the repository, the version
+      downloaded is installed from apt's cache, with no ``apt-get update`` and no download (apt
+      fails rather than fetch); ``None``: the repository is read and the packages downloaded here
 
     **Example:**
 
@@ -481,7 +632,13 @@ def container_toolkit(
         return
 
     if not versions_ok:
-        if source == "repository":
+        if source == "repository" and downloaded is not None:
+            version = version or _toolkit_version(downloaded)
+            if version is None:
+                yield _fail("NVIDIA Container Toolkit: no version of it was downloaded before the turn")
+                return
+            yield _install({name: version for name in TOOLKIT_PACKAGES}, download=False)
+        elif source == "repository":
             if not toolkit["keyring_fingerprints"]:
                 yield StringCommand(keyring_script())
             if toolkit["repo_list"] != TOOLKIT_REPO_LINE:
@@ -498,6 +655,88 @@ def container_toolkit(
             assert deb_dir is not None
             yield _install_debs(deb_dir, version)
     yield _hold(list(TOOLKIT_PACKAGES))
+
+
+def _toolkit_version(downloaded: Mapping[str, str]) -> str | None:
+    """The one version all four toolkit packages were downloaded at, or None."""
+    versions = {downloaded.get(name) for name in TOOLKIT_PACKAGES}
+    return versions.pop() if len(versions) == 1 else None
+
+
+@operation()
+@locked_before_changes
+def container_toolkit_downloaded(
+    source: str = "auto", version: str | None = None, deb_dir: str | None = None
+) -> Generator[Any, Any, None]:
+    """
+    Download the NVIDIA Container Toolkit packages ``container_toolkit`` would install into apt's cache
+    (``apt-get install --download-only``), so that the install needs no network: on every node at
+    once, before the rollout's turns, while the nodes still serve.
+
+    + source: ``repository``, ``deb_dir``, ``installed`` or ``auto``, as for ``container_toolkit``
+    + version: toolkit package version (``1.17.8-1``); without it the newest the repository offers
+    + deb_dir: directory on the node holding the ``.deb`` files (``source="deb_dir"``): nothing to download
+
+    From NVIDIA's repository it first does what the install would do there: the keyring with the
+    pinned key, the list file, ``apt-get update``, and without a version the choice of the newest
+    version the repository offers, so the install takes exactly what was downloaded (pass it as
+    ``downloaded``, from ``downloaded_packages``). A keyring holding another key is pinned here too.
+    Nothing is downloaded where the toolkit is installed at the version, is only checked
+    (``installed``), comes from ``deb_dir`` (files already on the node), or apt finds the files in
+    ``/var/cache/apt/archives`` with the repository already read. A dry run changes nothing.
+
+    **Example:**
+
+    .. code:: python
+
+        nvidia.container_toolkit_downloaded(name="NVIDIA Container Toolkit: downloaded", version="1.17.8-1")
+    """
+    try:
+        version = check_toolkit(source, version, deb_dir)
+    except ToolkitRequestError as exc:
+        raise OperationValueError(str(exc)) from exc
+    toolkit = node_fact(NvidiaContainerToolkit)
+    packages = toolkit["packages"]
+    complete = all(name in packages for name in TOOLKIT_PACKAGES)
+    found_outside = bool(toolkit.get("ctk_path") and toolkit["runtime_binary"])
+    chosen = toolkit_source(source, version, packages if complete else {}, found_outside)
+    keyring_wrong = keyring_needs_pin(
+        chosen, toolkit["repo_list"] is not None, toolkit["keyring_fingerprints"], TOOLKIT_FINGERPRINT
+    )
+    if keyring_wrong:
+        yield StringCommand(keyring_script())
+    target = toolkit_install(source, version, packages, found_outside, TOOLKIT_PACKAGES)
+    if target is None or chosen != "repository":
+        _record({})
+        if not keyring_wrong:
+            where = "its .deb files are on the node (deb_dir)" if target is not None else "it is installed"
+            host.noop(f"NVIDIA Container Toolkit: {where}; nothing to download")
+        return
+    configured = bool(toolkit["keyring_fingerprints"]) and toolkit["repo_list"] == TOOLKIT_REPO_LINE
+    if target and configured and not keyring_wrong:  # the index read before may offer the version already
+        pins = dict.fromkeys(TOOLKIT_PACKAGES, target)
+        needed = host.get_fact(AptDownloads, packages=_pins(pins))
+        if not needed["error"]:
+            yield from _downloaded(f"NVIDIA Container Toolkit {target}", pins, needed)
+            return
+    if not state.is_executing:
+        logger.info("%splan: download before the turns: NVIDIA Container Toolkit %s from NVIDIA's repository "
+                    "(keyring, list file and apt-get update first); the turn installs without downloading",
+                    host.print_prefix, target or "at the newest version offered")  # fmt: skip
+    if not toolkit["keyring_fingerprints"]:
+        yield StringCommand(keyring_script())
+    if toolkit["repo_list"] != TOOLKIT_REPO_LINE:
+        yield from write_file(TOOLKIT_LIST, TOOLKIT_REPO_LINE)
+    yield StringCommand("apt-get", "update")
+    if not target:  # read once the repository is known: the newest version, then kept
+        offered = host.get_fact(NvidiaAptVersions, packages=list(TOOLKIT_PACKAGES))
+        target = newest_common_version(offered, TOOLKIT_PACKAGES)
+        if target is None:
+            yield _fail("NVIDIA Container Toolkit: the repository offers no version of all four packages")
+            return
+    pins = dict.fromkeys(TOOLKIT_PACKAGES, target)
+    yield _download(pins)
+    _record(pins)
 
 
 def toolkit_changes(source: str = "auto", version: str | None = None, deb_dir: str | None = None) -> list[str]:

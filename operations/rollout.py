@@ -26,6 +26,7 @@ from pyinfra_gpunode.operations._internals import (
     changed_operations,
     current_state,
     failed_operation,
+    first_failure,
     on_host,
     operation_result,
     outside_operation,
@@ -461,12 +462,26 @@ def _reports(state: State, order: list[str], outcomes: dict[str, str]) -> dict[s
     for name in order:
         node = state.inventory.get_host(name)
         report = known.get(name, NodeReport())
-        report.rollout = outcomes.get(name, "not reached (failed before the rollout)")
+        report.rollout = outcomes.get(name) or _not_reached(state, node)
         report.changed = sorted({name.rsplit(" | ", 1)[-1] for name in changed_operations(state, node)})
         if report.rollout.startswith("halted"):
             report.pending.append("containerd config and restart: rollout halted")
         reports[name] = report
     return reports
+
+
+CAUSE_MAX = 240  # characters of a failed step's last stderr line the summary shows
+
+
+def _not_reached(state: State, node: Host) -> str:
+    """A node that failed before the rollout: the step that failed it and its last line on stderr."""
+    failed = first_failure(state, node)
+    if failed is None:
+        return "not reached (failed before the rollout)"
+    name, stderr = failed
+    lines = stderr.strip().splitlines()
+    cause = printable(lines[-1][:CAUSE_MAX]) if lines else "see the log above"
+    return f"not reached (failed before the rollout, at {name.rsplit(' | ', 1)[-1]}: {cause})"
 
 
 def _timed_turn(state: State, node: Host, layout: _Layout, group: TurnGroup, clock: _Clock) -> str:

@@ -220,3 +220,29 @@ def test_a_toolkit_upgrade_is_made_in_the_nodes_turn() -> None:
     data = {**data, "gpunode_toolkit_source": "repository", "gpunode_toolkit_version": "1.18.0-1"}
     assert planned_turns([(upgraded, data)]) == {"@fake/gpu2": ["toolkit: install 1.18.0-1 (installed: 1.17.0-1)"]}
     assert planned_turns([fake_host("gpu3", LOADED)]) == {}
+
+
+def steps(target: str, data: dict[str, Any]) -> list[str]:
+    """The steps gpu_node_prepared adds on this one node, in order (one node per run: in API mode pyinfra
+    tells operations apart by their count on each host)."""
+    state = State(inventory=Inventory(([(target, data)], {})), config=Config())
+    connect_all(state)
+    try:
+        add_deploy(state, gpu_node_prepared)
+    finally:
+        disconnect_all(state)
+    return [sorted(state.op_meta[op].names)[0].rsplit(" | ", 1)[-1] for op in state.get_op_order()]
+
+
+def test_a_turns_packages_are_downloaded_before_the_rollout_on_its_node_only() -> None:
+    """A node whose toolkit upgrade waits for its turn gets the download steps in the parallel part, ahead of
+    the rollout; a node with nothing disruptive to do gets none."""
+    upgraded, data = fake_host("gpu2", LOADED)
+    turn = steps(upgraded, {**data, "gpunode_toolkit_source": "repository", "gpunode_toolkit_version": "1.18.0-1"})
+    downloads = ["NVIDIA driver: packages downloaded before the turns",
+                 "NVIDIA Container Toolkit: packages downloaded before the turns"]  # fmt: skip
+    assert [step for step in turn if step in downloads] == downloads, turn
+    assert turn.index(downloads[-1]) < turn.index("containerd: nvidia runtime rolled out in turns")
+    assert "NVIDIA Container Toolkit: installed and held" not in turn  # in its turn, not here
+    kept = steps(*fake_host("gpu3", LOADED))
+    assert "NVIDIA Container Toolkit: installed and held" in kept and not set(downloads) & set(kept), kept

@@ -25,6 +25,7 @@ from pyinfra_gpunode.operations._internals import (
     current_operation,
     current_state,
     failed_operation,
+    first_failure,
     in_a_run,
     node_changes,
     on_host,
@@ -150,4 +151,12 @@ def test_current_operation_names_the_running_operation_of_a_host_in_a_run(run: S
     assert SEEN.get("in_a_run") is True, "pyinfra.host._get_module() is no longer a Host during a run"
     assert SEEN.get("current_operation") == SEEN["own_context"]["current_op_hash"] in run.op_meta, (
         "Host.current_op_hash no longer names the running operation"
+    )
+
+
+def test_first_failure_names_the_first_failed_operation_and_its_stderr(run: State) -> None:
+    assert first_failure(run, run.inventory.get_host("@fake/a")) is None
+    name, stderr = first_failure(run, run.inventory.get_host("@fake/b")) or ("", "")
+    assert name == "nested: fails" and "nested failure" in stderr, (
+        "State.ops[host] order, OperationMeta.did_succeed() or .stderr changed"
     )
