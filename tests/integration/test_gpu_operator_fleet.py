@@ -8,8 +8,9 @@
   its socket, then ``kill(pid, SIGHUP)``, no systemd involved). The deploys refuse it untouched;
   ``gpunode_take_over_runtime`` loads our runtime last and the report names both writers and the SIGHUP.
 - op2: the operator's driver container (its root ``/run/nvidia/driver`` with Debian's real
-  libnvidia-ml, the module loaded, nothing of the driver on the host) and a host toolkit; the device
-  plugin's spec is left from the driver before (NVIDIA/k8s-device-plugin, internal/cdi/cdi.go).
+  libnvidia-ml, the module loaded, nothing of the driver on the host) and a host toolkit 1.18 with its
+  refresh units; the device plugin's spec is left from the driver before (NVIDIA/k8s-device-plugin,
+  internal/cdi/cdi.go).
 - op3: host driver and toolkit 1.18 with its CDI refresh units as its package installs and enables
   them (NVIDIA/nvidia-container-toolkit v1.18.0, deployments/systemd/, packaging/debian/
   nvidia-container-toolkit-base.{install,postinst}); its spec is left from the driver before.
@@ -225,25 +226,22 @@ def driver_container() -> dict[str, str | bytes]:
 
 
 def refresh_units() -> dict[str, str | bytes]:
-    """Toolkit 1.18's refresh units where its package installs them, nvidia-smi on PATH (the unit's
-    ConditionPathExists), and the service's spec from the driver before."""
+    """Toolkit 1.18's refresh units where its package installs them."""
     units = (SAMPLES / "nvidia-cdi-refresh-units-1.18.txt").read_text().split("#### ")[1:]
-    files: dict[str, str | bytes] = {
-        f"/etc/systemd/system/{name}": text for name, _, text in (unit.partition("\n") for unit in units)
-    }
-    return files | {
-        "/usr/bin/nvidia-smi": "#!/bin/sh\ncat /sys/module/nvidia/version\n",
-        REFRESH_SPEC: cdi_spec(OLD_DRIVER),
-    }
+    return {f"/etc/systemd/system/{name}": text for name, _, text in (unit.partition("\n") for unit in units)}
 
 
-# As the package's postinst, minus its start of the service (the spec stays the one from the driver before);
-# the module in the running kernel's modules.dep (the unit's ExecCondition).
-ENABLE_REFRESH = (
-    "mkdir -p /lib/modules/$(uname -r) && "
-    "echo 'kernel/drivers/video/nvidia.ko: kernel/drivers/video/nvidia-modeset.ko' "
-    "> /lib/modules/$(uname -r)/modules.dep && systemctl daemon-reload && "
-    "systemctl enable nvidia-cdi-refresh.path nvidia-cdi-refresh.service"
+def host_driver_for_the_refresh() -> dict[str, str | bytes]:
+    """nvidia-smi on PATH (the refresh unit's ConditionPathExists), and its spec from the driver before."""
+    return {"/usr/bin/nvidia-smi": "#!/bin/sh\ncat /sys/module/nvidia/version\n", REFRESH_SPEC: cdi_spec(OLD_DRIVER)}
+
+
+# As the package's postinst, minus its start of the service (a spec stays the one from the driver before).
+ENABLE_REFRESH = "systemctl daemon-reload && systemctl enable nvidia-cdi-refresh.path nvidia-cdi-refresh.service"
+# A host driver's module in the running kernel's modules.dep (the refresh unit's ExecCondition).
+MODULES_DEP = (
+    "mkdir -p /lib/modules/$(uname -r) && echo 'kernel/drivers/video/nvidia.ko: "
+    "kernel/drivers/video/nvidia-modeset.ko' > /lib/modules/$(uname -r)/modules.dep"
 )
 
 
@@ -259,9 +257,11 @@ def planted(fleet: Fleet) -> dict[str, str]:
                                  link).split()  # fmt: skip
     assert (restart, hupped) == ("always", pid)  # Debian's unit; the socket's peer is its main process
     root_link = {f"{ROOT_LIBRARY.rsplit('/', 1)[0]}/libnvidia-ml.so.1": ROOT_LIBRARY.rsplit("/", 1)[1]}
-    plant(fleet, "op2", gpu_on_the_bus() | host_toolkit() | driver_container(), MOUNT_GPU, root_link)
-    op3 = gpu_on_the_bus() | host_library() | host_toolkit() | refresh_units()
-    plant(fleet, "op3", op3, f"{MOUNT_GPU} && ldconfig && {ENABLE_REFRESH}", {})
+    # The host's toolkit is 1.18 on op2 too (this project installs it from NVIDIA's repository).
+    op2 = gpu_on_the_bus() | host_toolkit() | refresh_units() | driver_container()
+    plant(fleet, "op2", op2, f"{MOUNT_GPU} && {ENABLE_REFRESH}", root_link)
+    op3 = gpu_on_the_bus() | host_library() | host_toolkit() | refresh_units() | host_driver_for_the_refresh()
+    plant(fleet, "op3", op3, f"{MOUNT_GPU} && ldconfig && {MODULES_DEP} && {ENABLE_REFRESH}", {})
     # systemd starts it again after RestartSec (5 s)
     wait = f'until [ "$(systemctl show -p MainPID --value containerd)" != {hupped} ]; do sleep 0.1; done'
     back = sh(fleet, "op1", f"{wait} && ({CRI_STARTED}) && systemctl show -p MainPID --value containerd").strip()
@@ -315,11 +315,11 @@ def links(report: Path, node: str) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def first_run(fleet: Fleet, planted: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """deploys/gpu_node.py on the three nodes, op1 last in rollout order, with the readiness JSON."""
+    """deploys/gpu_node.py on the three nodes with the readiness JSON."""
     tmp_path = tmp_path_factory.mktemp("first-run")
     before = untouched(fleet, "op1")
     report = tmp_path / "readiness.json"
-    run = deploy(inventory(fleet, tmp_path, ("op2", "op3", "op1")), "deploys/gpu_node.py",
+    run = deploy(inventory(fleet, tmp_path, NODES), "deploys/gpu_node.py",
                  "--data", f"gpunode_readiness_json={report}")  # fmt: skip
     return {"run": run, "report": report, "op1_before": before, "op1_after": untouched(fleet, "op1")}
 
@@ -352,14 +352,19 @@ def test_a_driver_container_node_is_prepared_from_its_root(fleet: Fleet, first_r
     assert f"driver {DRIVER} from the GPU Operator's driver container ({DRIVER_ROOT}, userspace {DRIVER}): " \
            "driver packages untouched" in run.stdout, run.stdout  # fmt: skip
     assert "done" in row and "failed" not in row, row
-    packages, holds, calls, spec, cri = reads(
+    packages, holds, calls, spec, specs, cri, refresh = reads(
         fleet, "op2", "dpkg-query -W -f='${Package}\\n' 'nvidia*' 'libnvidia*' 2>/dev/null || true",
-        "apt-mark showhold", f"cat {STAND_IN_LOG}", "cat /etc/cdi/nvidia.yaml", RUNNING_CRI,
+        "apt-mark showhold", f"cat {STAND_IN_LOG}", "cat /etc/cdi/nvidia.yaml",
+        "find /etc/cdi /var/run/cdi -type f | sort", RUNNING_CRI,
+        "systemctl start nvidia-cdi-refresh.service; journalctl -u nvidia-cdi-refresh.service -o cat",
     )  # fmt: skip
     assert packages == "" and "nvidia" not in holds, (packages, holds)
-    # The spec generated from the container's root; the runtime loaded by the running daemon.
+    # The spec generated from the container's root, the only nvidia one though the refresh units are
+    # installed (systemd skips them here: they look for the driver on the host); the runtime loaded.
     assert f"cdi generate --format=yaml --driver-root={DRIVER_ROOT} " in calls, calls
     assert f"hostPath: {ROOT_LIBRARY}" in spec, spec
+    assert specs.split() == ["/etc/cdi/nvidia.yaml", PLUGIN_SPEC], specs
+    assert "skipped, no trigger condition checks were met" in refresh, refresh
     assert nvidia_binary(cri) == "/usr/bin/nvidia-container-runtime"
 
     found = links(first_run["report"], "op2")
