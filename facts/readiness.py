@@ -35,10 +35,12 @@ XID_SCRIPT = (
     "awk '/^source=/ {print; next} /NVRM: Xid/ {n++; last[n] = $0} "
     'END {print "count=" n + 0; for (i = (n > 10 ? n - 9 : 1); i <= n; i++) print last[i]}\''
 )
+# systemd's lines of containerd's unit that say how each daemon ended, and containerd's own shutdown line.
 SIGNALS_SCRIPT = (
     f"if {_HAS.format('journalctl')}; then echo journal; {_JOURNAL} -u containerd.service -b --since -24h | "
     "grep -E 'Sent signal SIG[A-Z0-9+]* to main process|Main process exited, code=(killed|dumped)|"
-    "Scheduled restart job' | tail -n 200; fi"
+    'Scheduled restart job|Deactivated successfully|systemd\\[1\\]: (Starting|Stopping) |msg="Stop CRI service"\' '
+    "| tail -n 200; fi"
 )
 VALIDATIONS_SCRIPT = (
     f"if [ -d {VALIDATIONS_DIR} ]; then echo dir; "
@@ -61,6 +63,9 @@ READINESS_PARTS = (
     "cdi_refresh",
 )  # fmt: skip
 _SIGNAL = re.compile(r"Sent signal (SIG[A-Z0-9+]+) to main process|code=(?:killed|dumped), status=\d+/(\w+)")
+_STARTING = re.compile(r"systemd\[1\]: Starting ")
+# systemd stopping the unit, or containerd shutting down on SIGTERM or SIGINT (its CRI plugin stops first).
+_STOP_ASKED = re.compile(r'systemd\[1\]: Stopping |msg="Stop CRI service"')
 
 
 class XidInfo(TypedDict):
@@ -72,6 +77,8 @@ class XidInfo(TypedDict):
 class ContainerdSignal(TypedDict):
     time: str
     signal: str
+    # True: read from a daemon that ended cleanly with no stop asked (no systemd line names the signal)
+    inferred: NotRequired[bool]
 
 
 class ContainerdJournal(TypedDict):
@@ -108,19 +115,35 @@ def parse_xid(lines: list[str]) -> XidInfo:
 
 
 def parse_containerd_journal(lines: list[str]) -> ContainerdJournal | None:
-    """Signals sent to containerd's main process and systemd's automatic restarts, oldest first."""
+    """Signals sent to containerd's main process and systemd's automatic restarts, oldest first.
+
+    A signal sent with ``kill(2)`` (the GPU Operator's toolkit does so) leaves no line naming it: containerd
+    does not handle SIGHUP, so it dies of it, and systemd counts that a clean end ("Deactivated
+    successfully", the exit itself logged at debug level only). A daemon seen starting that ends so, with
+    no stop asked by systemd and no shutdown of its own (on SIGTERM or SIGINT it stops its CRI plugin
+    first), is read as sent SIGHUP (``inferred``)."""
     if "journal" not in lines:
         return None
     signals: list[ContainerdSignal] = []
     restarts: list[str] = []
+    asked: bool | None = None  # since the last start seen: whether the daemon was asked to end
     for line in lines:
         moment = line.split(" ", 1)[0]
         match = _SIGNAL.search(line)
         if match:
             name = match.group(1) or match.group(2)
             signals.append({"time": moment, "signal": name if name.startswith("SIG") else f"SIG{name}"})
+            asked = True
         elif "Scheduled restart job" in line:
             restarts.append(moment)
+        elif _STARTING.search(line):
+            asked = False
+        elif _STOP_ASKED.search(line):
+            asked = True
+        elif "Deactivated successfully" in line:
+            if asked is False:
+                signals.append({"time": moment, "signal": "SIGHUP", "inferred": True})
+            asked = None
     return {"signals": signals, "restarts": restarts}
 
 
@@ -144,7 +167,8 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
     driver, Fabric Manager), ``NvmlInfo``, ``NvidiaContainerToolkit``, ``CdiSpecs``,
     ``ContainerdNodeState`` and ``ContainerdCriLoaded`` (each as those facts return it; ``cri``
     is None without a journal), plus the kernel log's ``NVRM: Xid`` lines since boot (journal,
-    else ``dmesg``; ``source`` None when neither is readable), the signals sent to containerd and
+    else ``dmesg``; ``source`` None when neither is readable), the signals sent to containerd (a
+    SIGHUP sent with ``kill``, which no line names, read from a clean end nobody asked for) and
     systemd's automatic restarts of it in the last 24 hours of this boot, the GPU Operator
     validator's markers in ``/run/nvidia/validations`` (None when it has not run) and the NVIDIA
     device plugin sockets in ``/var/lib/kubelet/device-plugins`` (None without that directory),

@@ -405,7 +405,9 @@ KEYS: dict[str, Key] = {
             "who writes the node's NVIDIA CDI spec: `project` (nvidia-ctk at `gpunode_cdi_spec_path`), `refresh` "
             "(the toolkit's nvidia-cdi-refresh.service, 1.18 and later, at /var/run/cdi/nvidia.yaml: started when its "
             "spec is stale, given no start limit; a spec at `gpunode_cdi_spec_path` is reported as a duplicate, "
-            "never deleted); `auto`: `refresh` where that service is installed, else `project`",
+            "never deleted); `auto`: `refresh` where that service is installed, else `project`, which also "
+            "writes it where the driver comes from the GPU Operator's driver container (the service looks for "
+            "the driver on the host)",
             _choice("auto", "project", "refresh"),
         ),
         Key(

@@ -669,10 +669,17 @@ def _containerd_signals(facts: NodeReadinessInfo) -> Link:
     if signals:
         names = sorted({event["signal"] for event in signals})
         last = signals[-1]["time"]
+        inferred = sum(bool(event.get("inferred")) for event in signals)
+        unnamed = (
+            f" ({inferred} of them sent with kill: the journal names no signal, but the daemon ended cleanly "
+            "with no stop asked, as containerd does on SIGHUP)"
+            if inferred
+            else ""
+        )
         return make(
             BROKEN, f"{len(signals)} signal(s) {', '.join(names)}, last {last}",
             cause=f"containerd was sent {', '.join(names)} {len(signals)} time(s) (first {signals[0]['time']}, "
-            f"last {last}) and restarted by systemd {len(restarts)} time(s): containerd has no reload, "
+            f"last {last}){unnamed} and restarted by systemd {len(restarts)} time(s): containerd has no reload, "
             "a signal ends it" + _operator_sighups(facts),
             fix="find what signals it (a config-management handler, `pkill -HUP`, logrotate) and make it "
             "`systemctl restart containerd` only after a config change, one node at a time",

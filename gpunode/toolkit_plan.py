@@ -98,10 +98,13 @@ REFRESH_DROPIN_TEXT = (
 )
 
 
-def cdi_owner(setting: str, refresh_installed: bool) -> tuple[str, str]:
+def cdi_owner(setting: str, refresh_installed: bool, driver_container: bool = False) -> tuple[str, str]:
     """``(owner, error)``: who writes the node's NVIDIA CDI spec, ``project`` or ``refresh`` (the toolkit's
-    ``nvidia-cdi-refresh.service``); ``auto`` is ``refresh`` where its unit is installed. ``error`` names
-    why the setting cannot hold on this node (empty when it can)."""
+    ``nvidia-cdi-refresh.service``); ``auto`` is ``refresh`` where its unit is installed, unless the driver
+    comes from the GPU Operator's driver container (``driver_container``): the unit looks for the driver
+    on the host (nvidia-smi in /usr/bin or /usr/sbin, nvidia.ko in the kernel's modules.dep) and is
+    skipped there, so the project generates the spec from the container's root. ``error`` names why the
+    setting cannot hold on this node (empty when it can)."""
     if setting not in CDI_OWNERS:
         return "project", f"CDI spec owner must be one of {', '.join(CDI_OWNERS)}, got {setting!r}"
     if setting == "refresh" and not refresh_installed:
@@ -109,6 +112,12 @@ def cdi_owner(setting: str, refresh_installed: bool) -> tuple[str, str]:
             "CDI spec owner is refresh, but nvidia-cdi-refresh.service is not installed "
             "(NVIDIA Container Toolkit 1.18 or later installs it)"
         )
+    if setting == "refresh" and driver_container:
+        return "refresh", (
+            "CDI spec owner is refresh, but the driver comes from the GPU Operator's driver container "
+            "(/run/nvidia/driver): nvidia-cdi-refresh.service looks for the driver on the host (nvidia-smi, "
+            "nvidia.ko in the kernel's modules.dep) and is skipped; set gpunode_cdi_owner: auto or project"
+        )
     if setting == "auto":
-        return ("refresh" if refresh_installed else "project"), ""
+        return ("refresh" if refresh_installed and not driver_container else "project"), ""
     return setting, ""

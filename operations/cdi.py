@@ -59,7 +59,8 @@ def spec(path: str = DEFAULT_SPEC, owner: str = "project") -> Generator[Any, Any
       ``/etc/cdi/nvidia.yaml`` survives a reboot, while ``/var/run/cdi`` is a tmpfs emptied at boot
     + owner: who writes the spec: ``project`` (this operation, at ``path``), ``refresh`` (the
       toolkit's ``nvidia-cdi-refresh.service``, 1.18 and later, at ``/var/run/cdi/nvidia.yaml``) or
-      ``auto`` (``refresh`` where that service is installed, else ``project``)
+      ``auto`` (``refresh`` where that service is installed and the driver is the host's, else
+      ``project``: the service cannot see a driver in the GPU Operator's driver container)
 
     The spec is current when the driver version of its ``libnvidia-ml.so.<version>`` host paths
     (or ``--host-driver-version``) equals the loaded kernel module's, and it lists every GPU on
@@ -84,7 +85,8 @@ def spec(path: str = DEFAULT_SPEC, owner: str = "project") -> Generator[Any, Any
         yield fail(f"CDI spec path must be a .yaml file in /etc/cdi/ or /var/run/cdi/, got {path!r}")
         return
 
-    who, error = cdi_owner(owner, owner != "project" and refresh_installed(node_fact(CdiRefreshUnits)))
+    units = owner != "project" and refresh_installed(node_fact(CdiRefreshUnits))
+    who, error = cdi_owner(owner, units)
     if error:
         yield fail(error)
         return
@@ -93,6 +95,13 @@ def spec(path: str = DEFAULT_SPEC, owner: str = "project") -> Generator[Any, Any
     if not loaded:
         host.noop("no NVIDIA driver is loaded; CDI spec not generated")
         return
+    operator = node_fact(GpuOperatorState) if who == "refresh" else None
+    if operator is not None and driver_from_container(driver, operator):
+        # The refresh unit cannot see a driver container's driver: the project generates from its root.
+        who, error = cdi_owner(owner, units, driver_container=True)
+        if error:
+            yield fail(error)
+            return
     if who == "refresh":
         yield from _refreshed(path, loaded)
         return
@@ -109,8 +118,8 @@ def spec(path: str = DEFAULT_SPEC, owner: str = "project") -> Generator[Any, Any
     yield StringCommand("echo", QuoteString(reason))
     yield StringCommand("mkdir", "-p", QuoteString(path.rsplit("/", 1)[0]))
     # A driver from the GPU Operator's driver container: its libraries lie under the container's root.
-    operator = node_fact(GpuOperatorState)
-    root = [f"--driver-root={DRIVER_ROOT}"] if driver_from_container(driver, operator) else []
+    found = node_fact(GpuOperatorState)
+    root = [f"--driver-root={DRIVER_ROOT}"] if driver_from_container(driver, found) else []
     yield StringCommand("nvidia-ctk", "cdi", "generate", "--format=yaml", *root, QuoteString(f"--output={tmp}"))
     yield StringCommand("chmod", "644", QuoteString(tmp), "&&", "mv", "-f", QuoteString(tmp), QuoteString(path))
 

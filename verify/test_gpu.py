@@ -12,7 +12,9 @@ import pytest
 from pyinfra_gpunode.driver_versions import same_driver
 from pyinfra_gpunode.facts.cdi import CdiRefreshUnits, CdiSpecs, missing_devices, refresh_installed
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaFabricManager, NvidiaGpus, NvmlInfo
+from pyinfra_gpunode.facts.operator import GpuOperatorState
 from pyinfra_gpunode.hostdata import validate
+from pyinfra_gpunode.operator import driver_from_container
 from pyinfra_gpunode.toolkit_plan import REFRESH_SPEC, cdi_owner
 
 from .facts import gpu_count, read_fact
@@ -72,7 +74,9 @@ def test_cdi_spec_current_and_lists_every_gpu(node: Node) -> None:
     count = gpu_count(node)
     loaded = _loaded_driver(node)
     values = validate(node.data)
-    owner, _ = cdi_owner(values["gpunode_cdi_owner"], refresh_installed(read_fact(node, CdiRefreshUnits)))
+    units = refresh_installed(read_fact(node, CdiRefreshUnits))
+    container = units and driver_from_container(read_fact(node, NvidiaDriver), read_fact(node, GpuOperatorState))
+    owner, _ = cdi_owner(values["gpunode_cdi_owner"], units, container)
     path = REFRESH_SPEC if owner == "refresh" else values["gpunode_cdi_spec_path"]  # the spec its owner writes
     spec = {item["path"]: item for item in read_fact(node, CdiSpecs)}.get(path)
     assert spec is not None, f"no CDI spec at {path}"

@@ -337,6 +337,57 @@ def test_containerd_crash_restarts_without_a_signal() -> None:
     assert link == "containerd_restarts" and cause.startswith("containerd exited on its own and systemd restarted")
 
 
+# systemd 257 and containerd 1.7.24 on a test host, the lines SIGNALS_SCRIPT selects: SIGHUP sent with
+# kill(2) to the PID behind containerd's socket (as the GPU Operator's toolkit does), systemd's restart
+# (Restart=always), then `systemctl restart containerd`.
+KILL_HUP_JOURNAL = [
+    "journal",
+    "2026-12-01T20:47:42.928963+00:00 op1 systemd[1]: Starting containerd.service - containerd container runtime...",
+    "2026-12-01T20:48:26.458421+00:00 op1 systemd[1]: containerd.service: Deactivated successfully.",
+    "2026-12-01T20:48:31.482995+00:00 op1 systemd[1]: containerd.service: Scheduled restart job, restart counter "
+    "is at 1.",
+    "2026-12-01T20:48:31.501178+00:00 op1 systemd[1]: Starting containerd.service - containerd container runtime...",
+    '2026-12-01T20:49:44.006308+00:00 op1 containerd[462]: time="2026-12-01T20:49:44.006216580Z" level=info '
+    'msg="Stop CRI service"',
+    "2026-12-01T20:49:44.009121+00:00 op1 systemd[1]: Stopping containerd.service - containerd container runtime...",
+    '2026-12-01T20:49:44.024797+00:00 op1 containerd[462]: time="2026-12-01T20:49:44.021036362Z" level=info '
+    'msg="Stop CRI service"',
+    "2026-12-01T20:49:44.033277+00:00 op1 systemd[1]: containerd.service: Deactivated successfully.",
+    "2026-12-01T20:49:44.046733+00:00 op1 systemd[1]: Starting containerd.service - containerd container runtime...",
+]
+
+
+def test_a_sighup_sent_with_kill_is_read_from_a_clean_end_nobody_asked_for() -> None:
+    journal = parse_containerd_journal(KILL_HUP_JOURNAL)
+    assert journal is not None
+    assert journal == {
+        "signals": [{"time": "2026-12-01T20:48:26.458421+00:00", "signal": "SIGHUP", "inferred": True}],
+        "restarts": ["2026-12-01T20:48:31.482995+00:00"],
+    }
+    facts = healthy()
+    facts["containerd_journal"] = journal
+    link, cause, _ = first_broken(facts)
+    assert link == "containerd_restarts"
+    assert cause.startswith(
+        "containerd was sent SIGHUP 1 time(s) (first 2026-12-01T20:48:26.458421+00:00, last "
+        "2026-12-01T20:48:26.458421+00:00) (1 of them sent with kill: the journal names no signal, but the daemon "
+        "ended cleanly with no stop asked, as containerd does on SIGHUP) and restarted by systemd 1 time(s)"
+    )
+    # Stops systemd or containerd itself logs, and an end before any start seen, are no signal.
+    assert signals_in(KILL_HUP_JOURNAL[:1] + KILL_HUP_JOURNAL[2:3] + KILL_HUP_JOURNAL[4:]) == []
+    shutdown = [line for line in KILL_HUP_JOURNAL if "Stopping" not in line]  # kill -TERM: containerd's own
+    assert signals_in(shutdown) == journal["signals"]
+    # A signal systemd names is counted once, not again at the end it causes.
+    named = [*KILL_HUP_JOURNAL[:2], SIGHUP_JOURNAL[1], *KILL_HUP_JOURNAL[2:4]]
+    assert signals_in(named) == [{"time": "2026-11-29T07:51:34.420445+00:00", "signal": "SIGHUP"}]
+
+
+def signals_in(lines: list[str]) -> list[Any]:
+    journal = parse_containerd_journal(lines)
+    assert journal is not None
+    return list(journal["signals"])
+
+
 def test_no_journal_leaves_the_running_daemon_unknown() -> None:
     facts = healthy()
     facts["cri"] = None

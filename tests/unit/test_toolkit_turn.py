@@ -61,6 +61,18 @@ def test_the_cdi_spec_has_one_owner() -> None:
     assert cdi_owner("toolkit", True)[1] == "CDI spec owner must be one of auto, project, refresh, got 'toolkit'"
 
 
+def test_a_driver_containers_spec_is_never_left_to_the_refresh_unit() -> None:
+    """The refresh unit looks for the driver on the host (nvidia-smi, nvidia.ko in modules.dep) and is skipped
+    where the GPU Operator's driver container provides it: the project generates the spec from that root."""
+    assert cdi_owner("auto", True, driver_container=True) == ("project", "")
+    assert cdi_owner("project", True, driver_container=True) == ("project", "")
+    owner, error = cdi_owner("refresh", True, driver_container=True)
+    assert owner == "refresh" and error.startswith(
+        "CDI spec owner is refresh, but the driver comes from the GPU Operator's driver container (/run/nvidia/driver)"
+    )
+    assert error.endswith("set gpunode_cdi_owner: auto or project")
+
+
 def test_a_refresh_drop_in_cannot_list_units_of_its_own() -> None:
     """The drop-in's text is the node's: a line of it that looks like a unit is not one."""
     from pyinfra_gpunode.facts.cdi import CdiRefreshUnits, refresh_installed

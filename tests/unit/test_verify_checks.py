@@ -23,6 +23,7 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdService,
 )
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaFabricManager, NvidiaGpus, NvmlInfo
+from pyinfra_gpunode.facts.operator import GpuOperatorState
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
 from pyinfra_gpunode.sections import split_sections
 from pyinfra_gpunode.verify import test_containerd as containerd_checks
@@ -91,6 +92,7 @@ H200 = {
     (CdiSpecs, ""): captured("cdi.CdiSpecs", "ctk_sorted_yaml_h200"),
     (NvidiaFabricManager, ""): captured("nvidia.NvidiaFabricManager", "not_installed"),
     (CdiRefreshUnits, ""): captured("cdi.CdiRefreshUnits", "toolkit_1_17_none"),
+    (GpuOperatorState, ""): captured("operator.GpuOperatorState", "no_operator"),
 }
 # The same with a second GPU on the PCI bus that NVML does not see (and the spec does not list).
 TWO_GPUS = captured("nvidia.NvidiaGpus", "h200_pcie")
