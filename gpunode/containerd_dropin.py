@@ -105,6 +105,7 @@ class Options:
     enable_cdi: bool | None = None  # None: the files' value, else on
     mode: str = "runtime"  # "runtime": register the nvidia runtime; "nri": NRI and CDI, no runtime
     enable_nri: bool | None = None  # NRI mode: None keeps a file's ``disable``, else NRI on
+    config_root: str = CONFIG_ROOT  # where the config tree lives (``/etc/k0s`` on a k0s node)
 
 
 @dataclass
@@ -176,8 +177,15 @@ _TEMPLATE = Environment(
 ).from_string(resources.files("pyinfra_gpunode.templates.containerd").joinpath("dropin.toml.j2").read_text())
 
 
+IMPORTED = "Imported by name as the last entry of config.toml's imports"
+
+
 def _render(
-    data: dict[str, Any], account: list[str], carried: dict[str, str] | None = None, mode: str = "runtime"
+    data: dict[str, Any],
+    account: list[str],
+    carried: dict[str, str] | None = None,
+    mode: str = "runtime",
+    imported: str = IMPORTED,
 ) -> str:
     body = tomlkit.dumps(_sorted(data))
     provenance = (
@@ -186,7 +194,7 @@ def _render(
         else [PROVENANCE_HEAD]
         + [PROVENANCE + json.dumps({"file": path, "keys": keys}) for path, keys in _by_file(carried).items()]
     )
-    text = _TEMPLATE.render(purpose=PURPOSE[mode], account=account, provenance=provenance, body=body)
+    text = _TEMPLATE.render(purpose=PURPOSE[mode], account=account, provenance=provenance, body=body, imported=imported)
     if tomllib.loads(text) != data:
         raise RuntimeError("rendered drop-in does not parse back to the intended configuration")
     return text
@@ -611,12 +619,11 @@ def edit_imports(text: str | None, schema: int, options: Options) -> str:
     return "".join(lines)
 
 
-def staged_imports(config_text: str, stage: str = "@GPUNODE_STAGE@") -> str:
-    """config.toml with every import under ``/etc/containerd`` pointing into a staging copy."""
+def staged_imports(config_text: str, stage: str = "@GPUNODE_STAGE@", root: str = CONFIG_ROOT) -> str:
+    """config.toml with every import under ``root`` (``/etc/containerd``) pointing into a staging copy."""
     doc = tomlkit.parse(config_text)
     doc["imports"] = [
-        stage + str(entry) if str(entry).startswith(CONFIG_ROOT + "/") else str(entry)
-        for entry in doc.get("imports", [])
+        stage + str(entry) if str(entry).startswith(root + "/") else str(entry) for entry in doc.get("imports", [])
     ]
     return tomlkit.dumps(doc)
 
@@ -643,7 +650,7 @@ def plan(
     result.errors += _input_errors(options) + _mode_errors(options, version)
     if result.errors:
         return result
-    main = resolve_tree(main_path, texts)["main"]
+    main = resolve_tree(main_path, texts, options.config_root)["main"]
     if main is not None:
         disabled = [name for name in parsed(main).get("disabled_plugins") or [] if name in CRI_NAMES]
         if disabled:  # first: whatever else the file says, the kubelet has no CRI on this node
@@ -665,7 +672,9 @@ def plan(
     result.schema = main["version"] if main is not None and main["version"] else default_schema
     result.config_text = edit_imports(main["text"] if main else None, result.schema, options)
     # Our own file is resolved as empty: it must never feed its own content.
-    tree = resolve_tree(main_path, {**texts, main_path: result.config_text, options.dropin_path: ""})
+    tree = resolve_tree(
+        main_path, {**texts, main_path: result.config_text, options.dropin_path: ""}, options.config_root
+    )
     result.errors += tree["problems"]
     others = [config for config in load_order(tree) if config["path"] != options.dropin_path]
     result.errors += _schema_errors(others, version)
@@ -921,4 +930,5 @@ def _plan_owned_keys(
         + (f"plugin {where}" if plugins else "no key to write")
     )
     result.dropin_data = {"version": result.schema, **({"plugins": plugins} if plugins else {})}
-    result.dropin_text = _render(result.dropin_data, result.account, mode=options.mode)
+    imported = IMPORTED if options.dropin_path == OUR_DROPIN else f"Imported through {options.dropin_dir}/*.toml"
+    result.dropin_text = _render(result.dropin_data, result.account, mode=options.mode, imported=imported)

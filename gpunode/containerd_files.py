@@ -108,16 +108,17 @@ def expand_import(entry: str, importer: str, existing: list[str]) -> list[str]:
     return sorted((p for p in existing if regex.match(p)), key=lambda p: p.encode())
 
 
-def _inside(entry: str, importer: str) -> bool:
+def _inside(entry: str, importer: str, root: str = CONFIG_ROOT) -> bool:
     path = entry if entry.startswith("/") else posixpath.join(posixpath.dirname(importer), entry)
-    return posixpath.normpath(path).startswith(CONFIG_ROOT + "/")
+    return posixpath.normpath(path).startswith(root + "/")
 
 
-def resolve_tree(main_path: str, texts: dict[str, str]) -> ConfigTree:
+def resolve_tree(main_path: str, texts: dict[str, str], root: str = CONFIG_ROOT) -> ConfigTree:
     """Walk the main config's imports breadth-first over the files in ``texts``.
 
-    ``texts`` maps every readable ``*.toml`` under ``/etc/containerd`` (and the main config)
-    to its content. A missing main config is a valid state (containerd's defaults apply).
+    ``texts`` maps every readable ``*.toml`` under ``root`` (``/etc/containerd``; ``/etc/k0s`` on a
+    k0s node) and the main config to its content. A missing main config is a valid state
+    (containerd's defaults apply).
     """
     problems: list[str] = []
     if main_path not in texts:
@@ -130,8 +131,8 @@ def resolve_tree(main_path: str, texts: dict[str, str]) -> ConfigTree:
     while pending:
         entry, importer = pending.pop(0)
         paths = expand_import(entry, importer["path"], existing)
-        if not all(path.startswith(CONFIG_ROOT + "/") for path in paths) or not _inside(entry, importer["path"]):
-            problems.append(f"{importer['path']}: key 'imports' entry {entry!r} is outside {CONFIG_ROOT}")
+        if not all(path.startswith(root + "/") for path in paths) or not _inside(entry, importer["path"], root):
+            problems.append(f"{importer['path']}: key 'imports' entry {entry!r} is outside {root}")
             continue
         for path in paths:
             if path in loaded:

@@ -22,7 +22,6 @@ from pyinfra_gpunode.driver_versions import same_driver
 from pyinfra_gpunode.facts.containerd import ContainerdNodeState
 from pyinfra_gpunode.facts.nvidia import NodeKind, NvidiaDriver
 from pyinfra_gpunode.facts.operator import GpuOperatorInfo, GpuOperatorState
-from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.hooks import HOOK_KEYS, check_hook
 from pyinfra_gpunode.hostdata import KEYS, HostDataError, validate, world_writable_warnings
 from pyinfra_gpunode.log import logger
@@ -51,7 +50,6 @@ from pyinfra_gpunode.operator import (
     runtime_writers,
     take_over_note,
 )
-from pyinfra_gpunode.platform import refusal as platform_refusal
 from pyinfra_gpunode.rollout import NodeReport, NodeSettings, RolloutPolicy, rollout_order
 from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit
 
@@ -202,7 +200,7 @@ def _arrived() -> None:
 def _platform_refused() -> bool:
     """Whether a platform (k3s, RKE2, k0s, EKS nodeadm) owns the node's containerd; the node is then
     set to fail with the reason and what to do instead, before anything changes on it."""
-    if platform_refusal(node_fact(ContainerdPlatform)) is None:
+    if platform.platform_problem() is None:
         return False
     platform.supported(name="containerd: not owned by a platform")
     return True

@@ -178,8 +178,9 @@ def rancher_restart_reason(info: ContainerdPlatformInfo) -> str:
 
 def refusal(info: ContainerdPlatformInfo | None) -> str | None:
     """Why gpunode changes nothing on a node whose containerd ``info``'s platform owns, and what to do
-    instead; ``None`` when no platform owns it, or k3s or RKE2 add the nvidia runtime themselves
-    (``rancher_nvidia``)."""
+    instead; ``None`` when no platform owns it, k3s or RKE2 add the nvidia runtime themselves
+    (``rancher_nvidia``), or k0s manages ``/etc/k0s/containerd.toml`` (gpunode writes a drop-in
+    next to it; ``k0s.layout_problem`` judges the rest)."""
     if not info or not info["name"] or rancher_nvidia(info):
         return None
     name = info["name"]
@@ -194,21 +195,18 @@ def refusal(info: ContainerdPlatformInfo | None) -> str | None:
             "nodeadm then makes the default runtime itself" + untouched
         )
     if name == "k0s":
+        if info["k0s_managed"]:
+            return None  # a drop-in in /etc/k0s/containerd.d, written in the node's turn (``k0s.layout_problem``)
         if info["k0s_managed"] is False:
             how = (
                 f"{K0S_CONFIG} is not k0s-managed (its first line is not {K0S_MARKER!r}), so k0s imports no "
                 "drop-ins: add the nvidia runtime to that file yourself"
             )
         else:
-            how = (
-                f"put the nvidia runtime in a drop-in in {K0S_DROPINS}/ (from k0s 1.36 on: version 3 or no "
-                "version line, plugin io.containerd.cri.v1.runtime, never io.containerd.grpc.v1.cri; earlier "
-                "releases merge drop-ins that name io.containerd.grpc.v1.cri into their CRI config); k0s "
-                "restarts its containerd about 3 s after a file there changes"
-            )
+            how = f"{K0S_CONFIG} is missing: start k0s once so that it writes it, then run gpunode again"
         return (
-            f"k0s owns containerd here (socket {K0S_SOCKET}, config {K0S_CONFIG}); gpunode does not "
-            f"configure k0s' containerd yet: {how}" + untouched
+            f"k0s owns containerd here (socket {K0S_SOCKET}, config {K0S_CONFIG}); gpunode writes its drop-in "
+            f"in {K0S_DROPINS}/ only while k0s manages {K0S_CONFIG}: {how}" + untouched
         )
     label = NAMES[name]
     config = rancher_config(name)

@@ -13,8 +13,8 @@ from pyinfra import host, state
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 from pyinfra.facts.files import File
 
-from pyinfra_gpunode import shell
-from pyinfra_gpunode.containerd_dropin import MODES, OUR_DROPIN, Options, plan, same_meaning, staged_imports
+from pyinfra_gpunode import k0s, shell
+from pyinfra_gpunode.containerd_dropin import MODES, OUR_DROPIN, Options, Plan, plan, same_meaning, staged_imports
 from pyinfra_gpunode.containerd_dump import (
     CriLoaded,
     candidate_losses,
@@ -26,6 +26,7 @@ from pyinfra_gpunode.containerd_dump import (
 )
 from pyinfra_gpunode.containerd_files import (
     CONFIG_ROOT,
+    ConfigTree,
     links_in_the_way,
     load_order,
     not_regular_files,
@@ -45,12 +46,21 @@ from pyinfra_gpunode.facts.containerd import (
     candidate_input,
     cri_address,
 )
+from pyinfra_gpunode.facts.k0s import K0sCandidateDump, K0sContainerd
+from pyinfra_gpunode.facts.k0s import candidate_input as k0s_candidate_input
 from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import DEFAULT_BINARY, facts_unchanged, node_fact
 from pyinfra_gpunode.operator import handler_problem
-from pyinfra_gpunode.platform import ContainerdPlatformInfo, rancher_note, rancher_nvidia, rancher_restart_reason
+from pyinfra_gpunode.platform import (
+    K0S_CONFIG,
+    K0S_DROPINS,
+    ContainerdPlatformInfo,
+    rancher_note,
+    rancher_nvidia,
+    rancher_restart_reason,
+)
 from pyinfra_gpunode.platform import refusal as platform_refusal
 from pyinfra_gpunode.redaction import redacted
 from pyinfra_gpunode.rollout import TurnMark, parse_turn_mark
@@ -147,6 +157,17 @@ def _registration(
         return Registration(owned)
     if rancher_nvidia(node.get("platform")):
         return _rancher_registration(node["platform"])
+    if (node.get("platform") or {}).get("name") == "k0s":
+        k0s_options = Options(
+            binary=binary,
+            systemd_cgroup=systemd_cgroup,
+            default_runtime=default_runtime,
+            cdi_spec_dirs=None if cdi_spec_dirs is None else tuple(cdi_spec_dirs),
+            enable_cdi=enable_cdi,
+            mode=mode,
+            enable_nri=enable_nri,
+        )
+        return _k0s_registration(node["platform"], k0s_options, handler, binary_required, node["binary_present"])
     version, files, before = node["version"], node["files"], node["dump"]
     if not version:
         return Registration(
@@ -248,23 +269,105 @@ def _registration(
         current_cri_problem=current_cri_problem,
         mode_line=mode_line,
     )
-    if after is None or after["error"]:
-        found.problem = (
-            "containerd config not changed: containerd rejects the candidate config: "
-            f"{after['error'] if after else 'no dump'}"
-        )
-        return found
     candidate_tree = resolve_tree(
         result.config_path, {**files["texts"], result.config_path: result.config_text, OUR_DROPIN: result.dropin_text}
     )
+    found.problem = _candidate_problem(before, after, candidate_tree, result, binary, handler, nri)
+    if found.problem:
+        return found
+    assert after is not None and after["summary"] is not None  # a dump without an error has its summary
+    found.service = node["service"]
+    found.restart_reason = restart_reason(node["service"], node["dump"])
+    found.dropped_runtimes = sorted(set(summarize(before_dump)["runtimes"]) - set(after["summary"]["runtimes"]))
+    return found
+
+
+def _k0s_registration(
+    info: ContainerdPlatformInfo, options: Options, handler: str, binary_required: bool, binary_present: bool
+) -> Registration:
+    """A k0s node whose ``/etc/k0s/containerd.toml`` k0s manages: our drop-in in ``/etc/k0s/containerd.d``,
+    planned as on containerd 2.x (version 3, plugin ``io.containerd.cri.v1.runtime``) and judged by k0s'
+    own containerd on a staged copy of its tree, never written here (the write restarts k0s' containerd:
+    ``platform.k0s_runtime_applied`` writes it in the node's turn)."""
+    node = host.get_fact(K0sContainerd)
+    layout = k0s.layout_problem(node["version"], node["texts"])
+    if layout:
+        return Registration(k0s.refusal(info["evidence"], layout), platform=info)
+    version, texts, before = node["version"], node["texts"], node["dump"]
+    assert version is not None  # layout_problem refuses a node without k0s' containerd
+    if before is None or before["error"]:
+        error = before["error"] if before else "no dump"
+        return Registration(f"containerd config not changed: k0s' containerd does not load {K0S_CONFIG}: {error}")
+    mine = k0s.options(options)
+    result = plan(K0S_CONFIG, texts, version, mine, runc_runtime(before["dump"]))
+    errors = result.errors or k0s.dropin_problems(result.dropin_text)
+    if errors:
+        return Registration("containerd config not changed: " + "; ".join(errors), platform=info)
+    for warning in result.warnings:
+        logger.warning("%s%s", host.print_prefix, warning)
+    nri = options.mode == "nri"
+    if not binary_present and not nri:
+        message = f"nvidia runtime binary {options.binary} is missing on the node"
+        if binary_required or options.default_runtime:
+            return Registration(f"containerd config not changed: {message}", platform=info)
+        logger.warning(
+            "%s%s; containers using the nvidia runtime will fail until it is installed", host.print_prefix, message
+        )
+    current_cri_problem = cri_start_problem(before, K0S_CONFIG, texts, k0s.ROOT)
+    mode = strictest_mode([], base=node["modes"].get(k0s.DROPIN, "644"))
+    # Our drop-in compared as ``containerd.nvidia_runtime`` compares its own: account lines do not count.
+    if same_meaning(OUR_DROPIN, texts.get(k0s.DROPIN), result.dropin_text):
+        summary = before["summary"]
+        problem = handler_problem(summary["runtimes"], handler, options.binary) if summary and not nri else None
+        return Registration(
+            "containerd config not changed: " + problem if problem else None,
+            platform=info,
+            current_cri_problem=current_cri_problem,
+            mode_line=result.mode_line or None,
+        )
+    main = staged_imports(texts[K0S_CONFIG], root=k0s.ROOT)
+    after = host.get_fact(
+        K0sCandidateDump, dropin_path=k0s.DROPIN, _stdin=k0s_candidate_input(main, result.dropin_text)
+    )
+    candidate_tree = resolve_tree(K0S_CONFIG, {**texts, k0s.DROPIN: result.dropin_text}, k0s.ROOT)
+    found = Registration(
+        writes={k0s.DROPIN: result.dropin_text},
+        current={k0s.DROPIN: texts[k0s.DROPIN]} if k0s.DROPIN in texts else {},
+        modes={k0s.DROPIN: mode},
+        owners={k0s.DROPIN: "root:root"},
+        platform=info,
+        current_cri_problem=current_cri_problem,
+        mode_line=result.mode_line or None,
+        note=k0s.write_line(info["unit"]),
+    )
+    found.problem = _candidate_problem(before, after, candidate_tree, result, options.binary, handler, nri)
+    return found
+
+
+def _candidate_problem(
+    before: DumpInfo | None,
+    after: DumpInfo | None,
+    candidate_tree: ConfigTree,
+    result: Plan,
+    binary: str,
+    handler: str,
+    nri: bool,
+) -> str | None:
+    """Why the candidate tree (merged by the node's own containerd as ``after``) may not be written: it does
+    not load, the CRI plugin's start rules refuse it, it loses what the node has now (``before``), or the
+    handler's runtime is not ``binary``; ``None`` when it may."""
+    if after is None or after["error"]:
+        return (
+            "containerd config not changed: containerd rejects the candidate config: "
+            f"{after['error'] if after else 'no dump'}"
+        )
     refused = cri_start_findings(after["dump"], load_order(candidate_tree))
     if refused:
-        found.problem = "containerd config not changed: by the CRI plugin's start rules, the candidate config: " + (
+        return "containerd config not changed: by the CRI plugin's start rules, the candidate config: " + (
             "; ".join(finding.message for finding in refused)
         )
-        return found
     losses = candidate_losses(
-        before_dump,
+        before["dump"] if before else {},
         after["dump"],
         before["warnings"] if before else [],
         after["warnings"],
@@ -275,23 +378,17 @@ def _registration(
         runtime_expected=not nri,
     ) + nri_losses(after["dump"], result.nri_expected, result.nri_user_set)
     if losses:
-        found.problem = "containerd config not changed: the candidate would lose: " + "; ".join(losses)
+        problem = "containerd config not changed: the candidate would lose: " + "; ".join(losses)
         if result.provenance_unknown:
-            found.problem += (
-                f" ({OUR_DROPIN} does not record which file each key it carries came from, so a "
+            problem += (
+                f" ({result.dropin_path} does not record which file each key it carries came from, so a "
                 "removed drop-in cannot be told from a loss: put the drop-in back, run once, then "
                 "remove it again)"
             )
-        return found
+        return problem
     assert after["summary"] is not None  # a dump without an error has its summary
-    problem = None if nri else handler_problem(after["summary"]["runtimes"], handler, binary)
-    if problem:
-        found.problem = "containerd config not changed: " + problem
-        return found
-    found.service = node["service"]
-    found.restart_reason = restart_reason(node["service"], node["dump"])
-    found.dropped_runtimes = sorted(set(summarize(before_dump)["runtimes"]) - set(after["summary"]["runtimes"]))
-    return found
+    handler_missing = None if nri else handler_problem(after["summary"]["runtimes"], handler, binary)
+    return "containerd config not changed: " + handler_missing if handler_missing else None
 
 
 def _rancher_registration(info: ContainerdPlatformInfo) -> Registration:
@@ -371,6 +468,12 @@ def nvidia_runtime(
     the candidate to NRI on and to every NRI key a file sets. ``binary`` and ``handler`` are not
     checked then.
 
+    On a k0s node (``/etc/k0s/containerd.toml`` managed by k0s 1.36 or later) the file is
+    ``/etc/k0s/containerd.d/nvidia-gpunode.toml`` (version 3, ``io.containerd.cri.v1.runtime``),
+    judged the same way by k0s' containerd; since k0s restarts its containerd when it changes, this
+    step never writes it and fails the node instead: the rollout writes it in the node's turn
+    (``platform.k0s_runtime_applied``).
+
     On a k3s or RKE2 node whose agent finds the toolkit's ``nvidia-container-runtime`` (and so adds
     the nvidia runtime itself) nothing is written, and the step says where the runtime was found;
     while the generated config lacks it, the rollout restarts the agent's unit instead
@@ -408,6 +511,13 @@ def nvidia_runtime(
             logger.info("%s%s", host.print_prefix, found.note)
         host.noop(found.note or found.mode_line or "containerd runtime nvidia is registered")
         return
+    if found.platform and found.platform["name"] == "k0s":
+        yield fail(
+            f"containerd config not changed: k0s restarts its containerd as soon as a file in {K0S_DROPINS}/ "
+            "changes, so the write is a restart: gpunode writes it only in the node's rollout turn "
+            "(gpunode_containerd_restart: rolling), never as a file-only step"
+        )
+        return
     for path, text in found.writes.items():
         user, _, group = found.owners.get(path, "root:root").partition(":")
         yield from write_file(path, text, mode=found.modes[path], user=user, group=group)
@@ -417,12 +527,14 @@ def nvidia_runtime(
         logger.info("%scontainerd restart pending: %s", host.print_prefix, ", ".join(found.writes))
 
 
-def cri_start_problem(dump: DumpInfo | None, main_path: str, texts: dict[str, str]) -> str | None:
+def cri_start_problem(
+    dump: DumpInfo | None, main_path: str, texts: dict[str, str], root: str = CONFIG_ROOT
+) -> str | None:
     """Why the config tree ``texts`` (merged as ``dump``) would keep the CRI plugin from starting, by the
     plugin's own start rules, or ``None`` (also where containerd is missing or the files do not load)."""
     if not dump or dump["error"]:
         return None
-    return stopping(cri_start_findings(dump["dump"], load_order(resolve_tree(main_path, texts))))
+    return stopping(cri_start_findings(dump["dump"], load_order(resolve_tree(main_path, texts, root))))
 
 
 def restart_reason(service: ContainerdServiceInfo | None, dump: DumpInfo | None) -> str | None:

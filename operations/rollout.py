@@ -208,6 +208,11 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
     PLANNED.setdefault(current_state(), {})[host.name] = (found, settings)
     rolling = settings["restart"] == "rolling"
     unit = _unit_problem(found, settings) or _cri_refusal(found, settings)
+    if _k0s(found) and found.writes and not rolling:  # containerd.nvidia_runtime fails such a node
+        unit = (
+            f"k0s restarts its containerd when {', '.join(found.writes)} is written, so it is not written "
+            "with gpunode_containerd_restart: none (use rolling: written in the node's turn)"
+        )
     changes = turn_changes(settings["driver"], found.writes, found.restart_reason if rolling else None)
     changes += _resumed_changes(found) if _takes_turns(settings) else []
     hostname, refused = _hook_hostname(host, settings) if _takes_turns(settings) and changes else ("", None)
@@ -225,7 +230,9 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
         hooks = _plan_hooks(settings, hostname) if _takes_turns(settings) and changes else []
         for line in hooks[:1] + settings["driver"] + _resumed_changes(found):
             logger.info("%splan: %s", host.print_prefix, line)
-        if found.writes:
+        if found.writes and found.note and _k0s(found):  # the write is k0s' restart of its containerd
+            logger.info("%splan: %s\n%s", host.print_prefix, found.note, found.diff())
+        elif found.writes:
             then = "then restart containerd and verify" if rolling else "no restart (gpunode_containerd_restart: none)"
             logger.info("%splan: write %s, %s\n%s", host.print_prefix, ", ".join(found.writes), then, found.diff())
         elif rolling and found.restart_pending and found.platform:
@@ -235,6 +242,11 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
         for line in hooks[1:]:
             logger.info("%splan: %s", host.print_prefix, line)
     yield StringCommand("true")  # marks the change at prepare; at execute the rollout runs instead
+
+
+def _k0s(found: containerd.Registration) -> bool:
+    """Whether the node is a k0s node, where writing the drop-in restarts containerd (k0s does)."""
+    return bool(found.platform and found.platform["name"] == "k0s")
 
 
 def _resumed_changes(found: containerd.Registration) -> list[str]:
@@ -554,7 +566,15 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
                 settings["steps"]()
                 did.extend(settings["driver"])  # a reboot among them takes the lock again itself
                 found = containerd.registration(**settings["runtime"])  # the steps changed the node
-            backup = _backup_path() if found.writes and not found.problem else None  # a refused config: no backup
+            k0s_turn = _k0s(found) and not found.problem  # the write is the restart: one step writes and verifies
+            if k0s_turn:
+                written = platform.k0s_runtime_applied(
+                    name="containerd: k0s drop-in written, k0s' containerd verified",
+                    timeout=settings["timeout"],
+                    runtime=settings["runtime"],
+                )
+            # A refused config: no backup; a k0s node: its own, taken by its step.
+            backup = _backup_path() if found.writes and not found.problem and not k0s_turn else None
             backup_cri_problem = found.current_cri_problem
             if backup:
                 containerd.config_backed_up(name="containerd: config backed up", path=backup)
@@ -565,7 +585,8 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
                     backup=backup,
                     backup_cri_problem=backup_cri_problem,
                 )
-            written = containerd.nvidia_runtime(name="containerd: nvidia runtime registered", **settings["runtime"])
+            if not k0s_turn:
+                written = containerd.nvidia_runtime(name="containerd: nvidia runtime registered", **settings["runtime"])
             if mark and mark.backup:  # what the cut-off turn saved before it wrote is what a failure restores
                 backup, backup_cri_problem = mark.backup, mark.backup_cri_problem
             elif not written.did_change():

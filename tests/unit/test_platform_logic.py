@@ -76,7 +76,9 @@ def test_the_shared_socket_counts_for_rke2_only_with_other_rke2_evidence() -> No
 def test_k0s_config_without_its_marker_is_user_managed() -> None:
     managed = owning_platform([first("/etc/k0s/containerd.toml", K0S_FIRST)])
     assert managed["k0s_managed"] is True
-    assert "/etc/k0s/containerd.d/" in (refusal(managed) or "")
+    assert refusal(managed) is None  # gpunode writes its drop-in in /etc/k0s/containerd.d there
+    missing = owning_platform(["unit k0sworker.service /etc/systemd/system/k0sworker.service"])
+    assert "/etc/k0s/containerd.toml is missing" in (refusal(missing) or "")
     taken_over = owning_platform([first("/etc/k0s/containerd.toml", "version = 3")])
     assert taken_over == {
         "name": "k0s",
@@ -144,7 +146,7 @@ def test_k3s_without_the_toolkit_or_its_unit_stays_refused() -> None:
     other = [first(K3S_CONFIG, K3S_FIRST), K3S_UNIT, "toolkit /usr/bin/nvidia-container-runtime"]
     assert rancher_nvidia(owning_platform([*other, f"runtimes {RKE2_CONFIG} nvidia"])) == "restart"
     k0s = owning_platform([first("/etc/k0s/containerd.toml", K0S_FIRST), "toolkit /usr/bin/nvidia-container-runtime"])
-    assert rancher_nvidia(k0s) is None and refusal(k0s)
+    assert rancher_nvidia(k0s) is None and refusal(k0s) is None  # k0s: a drop-in of gpunode's own
 
 
 def test_the_unit_running_containerd_is_named_first_and_odd_runtime_names_are_dropped() -> None:

@@ -1,0 +1,203 @@
+"""Facts about containerd on a k0s node: its config files, its merged config, its process and its CRI plugin."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import shlex
+from typing import TypedDict
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from pyinfra_gpunode.containerd_dump import CriLoaded, parse_cri_loaded, parse_cri_start_log
+from pyinfra_gpunode.facts.containerd import (
+    STAGE,
+    ContainerdVersion,
+    DumpInfo,
+    _dump_script,
+    _process_dump,
+)
+from pyinfra_gpunode.k0s import BIN_DIR
+from pyinfra_gpunode.platform import K0S_CONFIG, K0S_DROPINS, K0S_SOCKET
+from pyinfra_gpunode.sections import marker, split_sections
+from pyinfra_gpunode.versions import ContainerdVersionInfo
+
+# k0s' own containerd and ctr (in /var/lib/k0s/bin) before any other on PATH.
+_PATH = f'PATH={BIN_DIR}:"$PATH"; export PATH'
+FILE_BYTES = 1048576  # at most this much of each config file is read
+# Every containerd process with the systemd unit whose cgroup it runs in (cgroup v2, or v1's name=systemd).
+_PROCESSES = (
+    "for p in $(pgrep -x containerd 2>/dev/null); do "
+    'echo "$p $(awk -F: \'$3 != "/" && ($2 == "" || $2 == "name=systemd") '
+    '{n = split($3, a, "/"); print a[n]; exit}\' '
+    '/proc/$p/cgroup 2>/dev/null)"; done'
+)
+
+
+class K0sContainerdInfo(TypedDict):
+    version: ContainerdVersionInfo | None  # of k0s' containerd binary
+    texts: dict[str, str]  # /etc/k0s/containerd.toml and /etc/k0s/containerd.d/*.toml
+    modes: dict[str, str]
+    dump: DumpInfo | None  # config dump of /etc/k0s/containerd.toml (None: no containerd)
+    processes: dict[int, str]  # containerd pid -> the unit it runs in
+
+
+def _decoded(encoded: str) -> str | None:
+    try:
+        return base64.b64decode(encoded, validate=True).decode(errors="surrogateescape")
+    except (binascii.Error, ValueError):
+        return None
+
+
+class K0sContainerd(FactBase[K0sContainerdInfo]):
+    """
+    Returns what registering the nvidia runtime reads on a k0s node: the version of k0s' containerd
+    (``/var/lib/k0s/bin/containerd``, else the one on PATH), the texts and modes of
+    ``/etc/k0s/containerd.toml`` and ``/etc/k0s/containerd.d/*.toml`` (1 MiB each at most), the
+    node's own ``config dump`` of ``/etc/k0s/containerd.toml`` and every containerd process with the
+    unit it runs in. Reads only.
+
+    .. code:: python
+
+        {"version": {"major": 2, "minor": 1, ...},
+         "texts": {"/etc/k0s/containerd.toml": "# k0s_managed=true\\n..."},
+         "modes": {"/etc/k0s/containerd.toml": "644"},
+         "dump": {"summary": {...}, "dump": {...}, "warnings": [], "error": None},
+         "processes": {812: "k0sworker.service"}}
+    """
+
+    @staticmethod
+    def default() -> K0sContainerdInfo:
+        return {"version": None, "texts": {}, "modes": {}, "dump": None, "processes": {}}
+
+    @override
+    def command(self) -> str:
+        has_containerd = "command -v containerd >/dev/null 2>&1"
+        return "; ".join(
+            [
+                _PATH,
+                marker("version"),
+                f"if {has_containerd}; then containerd --version; fi",
+                marker("files"),
+                f"for f in {K0S_CONFIG} {K0S_DROPINS}/*.toml; do "
+                'if [ -f "$f" ] && [ -r "$f" ]; then '
+                'echo "$(stat -L -c %a "$f") $(printf %s "$f" | base64 -w0) '
+                f'$(head -c {FILE_BYTES} "$f" | base64 -w0)"; fi; done',
+                marker("dump"),
+                f"if {has_containerd}; then {_dump_script(K0S_CONFIG)}; fi",
+                marker("processes"),
+                _PROCESSES,
+            ]
+        )
+
+    @override
+    def process(self, output: list[str]) -> K0sContainerdInfo:
+        sections = split_sections(output)
+        version = sections.get("version", [])
+        texts: dict[str, str] = {}
+        modes: dict[str, str] = {}
+        for line in sections.get("files", []):
+            mode, _, rest = line.partition(" ")
+            path_b64, _, text_b64 = rest.partition(" ")
+            path, text = _decoded(path_b64), _decoded(text_b64)
+            if path and text is not None and (path == K0S_CONFIG or path.startswith(f"{K0S_DROPINS}/")):
+                texts[path] = text
+                modes[path] = mode if mode.isdigit() else "644"
+        processes = {}
+        for line in sections.get("processes", []):
+            pid, _, unit = line.partition(" ")
+            if pid.isdigit():
+                processes[int(pid)] = unit.strip()
+        dump = sections.get("dump", [])
+        return {
+            "version": ContainerdVersion().process(version) if version else None,
+            "texts": texts,
+            "modes": modes,
+            "dump": _process_dump(dump) if dump else None,
+            "processes": processes,
+        }
+
+
+def candidate_input(main_text: str, dropin_text: str) -> str:
+    """``K0sCandidateDump``'s stdin: the main config (imports under /etc/k0s pointing into the stage)
+    and our drop-in, base64, a line each."""
+    return "".join(base64.b64encode(text.encode()).decode() + "\n" for text in (main_text, dropin_text))
+
+
+class K0sCandidateDump(FactBase[DumpInfo | None]):
+    """
+    Returns ``config dump`` (by k0s' own containerd) of the k0s config tree with our drop-in as
+    planned: ``/etc/k0s/containerd.toml`` and ``/etc/k0s/containerd.d/*.toml`` copied into a
+    temporary directory, the drop-in put beside them, removed afterwards. Nothing is written outside
+    the stage (a write into ``/etc/k0s/containerd.d`` would restart k0s' containerd). The texts come
+    on stdin (``_stdin=candidate_input(main_text, dropin_text)``); import entries that start with
+    ``@GPUNODE_STAGE@`` point into the stage.
+
+    + dropin_path: where the drop-in will live on the node
+
+    .. code:: python
+
+        {"summary": {...}, "dump": {...}, "warnings": [], "error": None}
+    """
+
+    @override
+    def command(self, dropin_path: str) -> str:
+        staged = f'"$S"{shlex.quote(dropin_path)}'
+        return (
+            f'{_PATH}; T=$(mktemp -d) && trap \'rm -rf "$T"\' EXIT && S="$T/stage" && '
+            f'mkdir -p "$S"{K0S_DROPINS} && '
+            'if { { read -r c && read -r d || { echo "no candidate config on stdin" >&2; false; }; } && '
+            f'ok=1; for f in {K0S_DROPINS}/*.toml; do if [ -f "$f" ]; then cat "$f" > "$S$f" || ok=0; fi; done; '
+            '[ "$ok" = 1 ] && '
+            f'printf %s "$c" | base64 -d | sed "s#{STAGE}#$S#g" > "$S"{K0S_CONFIG} && '
+            f'rm -f {staged} && printf %s "$d" | base64 -d > {staged}; }} 2>"$T/err"; then '
+            f'containerd --config "$S"{K0S_CONFIG} config dump 2>"$T/err"; rc=$?; else rc=stage; fi; '
+            'echo "### gpunode-stderr"; sed "s#$S##g" "$T/err"; echo "### gpunode-rc $rc"'
+        )
+
+    @override
+    def process(self, output: list[str]) -> DumpInfo:
+        return _process_dump(output)
+
+
+class K0sCriLoaded(FactBase[CriLoaded]):
+    """
+    Returns what the CRI plugin of k0s' running containerd (process ``pid``) loaded: its start or
+    failure line in the journal (where containerd's own lines reach it under its PID), else the CRI
+    plugins' status from ``ctr --address /run/k0s/containerd.sock plugins ls``.
+
+    + pid: the containerd process
+
+    .. code:: python
+
+        {"loaded": True, "runtimes": ["nvidia", "runc"], "default_runtime_name": "runc", "enable_cdi": True,
+         "registry_config_path": None, "error": None, "source": "the CRI plugin's start line in the journal"}
+    """
+
+    @staticmethod
+    def default() -> CriLoaded:
+        return {**parse_cri_start_log([]), "error": "no CRI plugin start line and no answer from ctr"}
+
+    @override
+    def command(self, pid: int) -> str:
+        ctr = f"timeout 10 ctr --address {K0S_SOCKET} plugins ls"
+        return "; ".join(
+            [
+                _PATH,
+                marker("journal"),
+                f"journalctl --no-pager -o cat _PID={int(pid)} 2>/dev/null | "
+                "grep -E 'failed to load plugin io.containerd.(grpc.v1.cri|cri)|"
+                'failed to load plugin" error=.* id=io.containerd.(grpc.v1.cri|cri.v1.[a-z]+)( |$)|'
+                "Start cri plugin with config|starting cri plugin' || true",
+                marker("ctr"),
+                f"if [ -S {K0S_SOCKET} ] && command -v ctr >/dev/null 2>&1; then "
+                f"{ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) ' || true; fi",
+            ]
+        )
+
+    @override
+    def process(self, output: list[str]) -> CriLoaded:
+        sections = split_sections(output)
+        loaded = parse_cri_loaded(sections.get("journal", []), sections.get("ctr", []))
+        return loaded if loaded["source"] else self.default()
