@@ -17,7 +17,14 @@ from typing_extensions import override
 
 from pyinfra_gpunode import shell
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
-from pyinfra_gpunode.containerd_dump import CriLoaded, DumpSummary, parse_cri_loaded, parse_cri_start_log, summarize
+from pyinfra_gpunode.containerd_dump import (
+    CriLoaded,
+    DumpSummary,
+    parse_cri_loaded,
+    parse_cri_start_log,
+    summarize,
+    with_shared_keys,
+)
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, resolve_tree
 from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.platform import ContainerdPlatformInfo, owning_platform
@@ -207,7 +214,7 @@ def _process_dump(output: list[str]) -> DumpInfo:
     if rc != "0":
         return {"summary": None, "dump": {}, "warnings": warnings, "error": "\n".join(stderr) or rc_line}
     try:
-        dump = tomllib.loads("\n".join(output[:marker]))
+        dump = with_shared_keys(tomllib.loads("\n".join(output[:marker])))
     except tomllib.TOMLDecodeError as exc:
         return {"summary": None, "dump": {}, "warnings": warnings, "error": f"dump is not TOML: {exc}"}
     return {"summary": summarize(dump), "dump": dump, "warnings": warnings, "error": None}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Collection
 from typing import Any, TypedDict
 
@@ -47,6 +48,16 @@ def cri_tables(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
     plugins = dump.get("plugins", {})
     names = (CRI_V3_RUNTIME, CRI_V3_IMAGES) if dump.get("version", 0) >= 3 else (CRI_V2,)
     return {name: plugins.get(name, {}) for name in names}
+
+
+def with_shared_keys(data: Any) -> Any:
+    """Parsed TOML ``data`` with every table key interned, values as they are: every node's dump has
+    containerd's same few hundred keys, which a run over many nodes then holds once, not once a node."""
+    if isinstance(data, dict):
+        return {sys.intern(key): with_shared_keys(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [with_shared_keys(item) for item in data]
+    return data
 
 
 def runc_runtime(dump: dict[str, Any]) -> dict[str, Any] | None:

@@ -340,3 +340,25 @@ def test_a_dump_warning_read_at_two_moments_is_the_same_warning() -> None:
     assert read("2026-12-01T17:43:17Z") == [
         'level=warning msg="Ignoring unknown key in TOML for plugin" key="registry configs r tls"'
     ]
+
+
+def test_dumps_of_many_nodes_share_their_keys() -> None:
+    from pyinfra_gpunode.facts.containerd import _process_dump
+
+    text = [
+        "version = 2",
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]',
+        'BinaryName = "/usr/bin/nvidia-container-runtime"',
+        '[[plugins."io.containerd.transfer.v1.local".unpack_config]]',
+        'platform = "linux/amd64"',
+    ]
+    first, second = (_process_dump([*text, "### gpunode-stderr", "### gpunode-rc 0"])["dump"] for _ in range(2))
+    assert first == second == tomllib.loads("\n".join(text))
+
+    def keys(table: object) -> list[str]:
+        if isinstance(table, dict):
+            return [found for key, value in table.items() for found in (key, *keys(value))]
+        return [found for item in table for found in keys(item)] if isinstance(table, list) else []
+
+    assert len(keys(first)) == 11
+    assert all(mine is theirs for mine, theirs in zip(keys(first), keys(second), strict=True))
