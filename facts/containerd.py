@@ -372,6 +372,33 @@ _CONFIG_MTIMES = (
 )
 
 
+def service_command(unit: str = "containerd", config_root: str | None = None, generated: str | None = None) -> str:
+    """``ContainerdService``'s command; ``unit``, ``config_root`` and ``generated``: where a platform (k3s,
+    RKE2, k0s) runs containerd in a unit of its own, that unit, the directory of its config (its mtimes
+    instead of /etc/containerd's) and the config the platform writes at each start of the unit, before it
+    starts containerd (left out of the mtimes: it is newer than the unit's main process by design)."""
+    mtimes = _CONFIG_MTIMES
+    config = _UNIT_CONFIG
+    if config_root is not None:
+        root = shlex.quote(config_root)
+        skip = f" ! -path {shlex.quote(generated)}" if generated else ""
+        config = f"cfg={root}"
+        mtimes = (
+            f"{{ find -L {root} -type f{skip} -printf '%T@\\n'; find {root} -type l{skip} -printf '%T@\\n'; }}"
+            " 2>/dev/null"
+        )
+    return (
+        "if [ -d /run/systemd/system ]; then "
+        f"systemctl show {shlex.quote(unit)} --timestamp=us+utc -p LoadState -p TriggeredBy -p ActiveState "
+        "-p SubState "
+        "-p MainPID -p Result -p Restart -p RestartUSec -p NRestarts -p ExecMainStartTimestamp -p InvocationID; "
+        f"{_PROCESSES}; {config}; "
+        f"echo ConfigMtime=$({mtimes} | sort -n | tail -n 1)"
+        "; "
+        "fi"
+    )
+
+
 class ContainerdService(FactBase[ContainerdServiceInfo | None]):
     """
     Returns the containerd unit's state: ``LoadState``, ``TriggeredBy`` (a socket that activates
@@ -398,15 +425,7 @@ class ContainerdService(FactBase[ContainerdServiceInfo | None]):
 
     @override
     def command(self) -> str:
-        return (
-            "if [ -d /run/systemd/system ]; then "
-            "systemctl show containerd --timestamp=us+utc -p LoadState -p TriggeredBy -p ActiveState -p SubState "
-            "-p MainPID -p Result -p Restart -p RestartUSec -p NRestarts -p ExecMainStartTimestamp -p InvocationID; "
-            f"{_PROCESSES}; {_UNIT_CONFIG}; "
-            f"echo ConfigMtime=$({_CONFIG_MTIMES} | sort -n | tail -n 1)"
-            "; "
-            "fi"
-        )
+        return service_command()
 
     @override
     def process(self, output: list[str]) -> ContainerdServiceInfo:
@@ -478,24 +497,7 @@ class ContainerdCriLoaded(FactBase[CriLoaded]):
 
     @override
     def command(self, address: str = DEFAULT_ADDRESS) -> str:
-        ctr = f"timeout 10 ctr --address {shlex.quote(address)} plugins ls"
-        return "; ".join(
-            [
-                marker("journal"),
-                "id=$(systemctl show -p InvocationID --value containerd 2>/dev/null); j=",
-                'if [ -n "$id" ]; then j=$(journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | '
-                "grep -E 'failed to load plugin io.containerd.(grpc.v1.cri|cri)|"
-                'failed to load plugin" error=.* id=io.containerd.(grpc.v1.cri|cri.v1.[a-z]+)( |$)|'
-                "Start cri plugin with config|starting cri plugin'); fi",
-                'if [ -n "$j" ]; then printf \'%s\\n\' "$j"; fi',
-                marker("ctr"),  # asked only without a start line; the plugin's message only when not ok
-                f'if [ -z "$j" ] && [ -S {shlex.quote(address)} ] && command -v ctr >/dev/null 2>&1; then '
-                f"s=$({ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) '); "
-                """if [ -n "$s" ]; then printf '%s\\n' "$s"; fi; """
-                """if [ -n "$s" ] && printf '%s\\n' "$s" | grep -qv ' ok *$'; then """
-                f"{ctr} -d id==cri 2>/dev/null | grep 'Message:' || true; fi; fi",
-            ]
-        )
+        return cri_loaded_command(address)
 
     @override
     def process(self, output: list[str]) -> CriLoaded:
@@ -504,6 +506,45 @@ class ContainerdCriLoaded(FactBase[CriLoaded]):
         if not loaded["source"]:
             return self.default()
         return loaded
+
+
+# The CRI plugin's start or failure lines, as ``grep -E`` finds them.
+_CRI_LINES = (
+    "grep -E 'failed to load plugin io.containerd.(grpc.v1.cri|cri)|"
+    'failed to load plugin" error=.* id=io.containerd.(grpc.v1.cri|cri.v1.[a-z]+)( |$)|'
+    "Start cri plugin with config|starting cri plugin'"
+)
+LOG_BYTES = 16777216  # at most this much of the end of a platform's containerd log file is read
+
+
+def cri_loaded_command(address: str = DEFAULT_ADDRESS, unit: str = "containerd", log: str | None = None) -> str:
+    """``ContainerdCriLoaded``'s command; ``unit``: the systemd unit containerd runs in (a platform's own,
+    e.g. ``k3s-agent.service``); ``log``: the file a platform writes its containerd's log to (k3s and RKE2),
+    whose last CRI start or failure line is read where the unit's journal has none."""
+    ctr = f"timeout 10 ctr --address {shlex.quote(address)} plugins ls"
+    from_log = (
+        [
+            f'if [ -z "$j" ] && [ -f {shlex.quote(log)} ] && [ -r {shlex.quote(log)} ]; then '
+            f"j=$(tail -c {LOG_BYTES} {shlex.quote(log)} | {_CRI_LINES} | tail -n 1); fi"
+        ]
+        if log
+        else []
+    )
+    return "; ".join(
+        [
+            marker("journal"),
+            f"id=$(systemctl show -p InvocationID --value {shlex.quote(unit)} 2>/dev/null); j=",
+            f'if [ -n "$id" ]; then j=$(journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | {_CRI_LINES}); fi',
+            *from_log,
+            'if [ -n "$j" ]; then printf \'%s\\n\' "$j"; fi',
+            marker("ctr"),  # asked only without a start line; the plugin's message only when not ok
+            f'if [ -z "$j" ] && [ -S {shlex.quote(address)} ] && command -v ctr >/dev/null 2>&1; then '
+            f"s=$({ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) '); "
+            """if [ -n "$s" ]; then printf '%s\\n' "$s"; fi; """
+            """if [ -n "$s" ] && printf '%s\\n' "$s" | grep -qv ' ok *$'; then """
+            f"{ctr} -d id==cri 2>/dev/null | grep 'Message:' || true; fi; fi",
+        ]
+    )
 
 
 class ContainerdNodeStateInfo(TypedDict):

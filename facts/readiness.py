@@ -4,14 +4,27 @@ Operator's validation markers and the device plugin socket, and everything else 
 from __future__ import annotations
 
 import re
+import shlex
 from typing import NotRequired, TypedDict
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
 from pyinfra_gpunode.containerd_dump import CriLoaded
+from pyinfra_gpunode.containerd_files import resolve_tree
 from pyinfra_gpunode.facts.cdi import CdiRefreshInfo, CdiRefreshUnits, CdiSpec, CdiSpecs
-from pyinfra_gpunode.facts.containerd import ContainerdCriLoaded, ContainerdNodeState, ContainerdNodeStateInfo
+from pyinfra_gpunode.facts.containerd import (
+    ContainerdConfigFiles,
+    ContainerdCriLoaded,
+    ContainerdNodeState,
+    ContainerdNodeStateInfo,
+    ContainerdService,
+    ContainerdVersion,
+    _dump_script,
+    _process_dump,
+    cri_loaded_command,
+    service_command,
+)
 from pyinfra_gpunode.facts.nvidia import (
     NvidiaContainerToolkit,
     NvidiaHostState,
@@ -21,8 +34,9 @@ from pyinfra_gpunode.facts.nvidia import (
     ToolkitInfo,
 )
 from pyinfra_gpunode.facts.operator import GpuOperatorInfo, GpuOperatorState
+from pyinfra_gpunode.platform import PlatformContainerd, platform_containerd
 from pyinfra_gpunode.readiness import DEVICE_PLUGIN_DIR, VALIDATIONS_DIR
-from pyinfra_gpunode.sections import join_parts, split_parts
+from pyinfra_gpunode.sections import join_parts, marker, split_parts, split_sections
 
 PART = "@@gpunode-readiness:"
 _HAS = "command -v {} >/dev/null 2>&1"
@@ -35,13 +49,74 @@ XID_SCRIPT = (
     "awk '/^source=/ {print; next} /NVRM: Xid/ {n++; last[n] = $0} "
     'END {print "count=" n + 0; for (i = (n > 10 ? n - 9 : 1); i <= n; i++) print last[i]}\''
 )
-# systemd's lines of containerd's unit that say how each daemon ended, and containerd's own shutdown line.
-SIGNALS_SCRIPT = (
-    f"if {_HAS.format('journalctl')}; then echo journal; {_JOURNAL} -u containerd.service -b --since -24h | "
-    "grep -E 'Sent signal SIG[A-Z0-9+]* to main process|Main process exited, code=(killed|dumped)|"
-    'Scheduled restart job|Deactivated successfully|systemd\\[1\\]: (Starting|Stopping) |msg="Stop CRI service"\' '
-    "| tail -n 200; fi"
-)
+
+
+def signals_script(unit: str = "containerd.service") -> str:
+    """systemd's lines of containerd's unit that say how each daemon ended, and containerd's own shutdown line."""
+    return (
+        f"if {_HAS.format('journalctl')}; then echo journal; {_JOURNAL} -u {shlex.quote(unit)} -b --since -24h | "
+        "grep -E 'Sent signal SIG[A-Z0-9+]* to main process|Main process exited, code=(killed|dumped)|"
+        'Scheduled restart job|Deactivated successfully|systemd\\[1\\]: (Starting|Stopping) |msg="Stop CRI service"\' '
+        "| tail -n 200; fi"
+    )
+
+
+SIGNALS_SCRIPT = signals_script()
+FILE_BYTES = 1048576  # at most this much of each config file of a platform's containerd is read
+
+
+def platform_script(where: PlatformContainerd) -> str:
+    """What the readiness chain reads of a platform's own containerd (k3s, RKE2, k0s), behind markers after
+    ``ContainerdNodeState``'s: its binary's version, its config and the ``*.toml`` beside it (as
+    ``ContainerdConfigFiles`` prints them), the node's own ``config dump`` of it, and its unit's state."""
+    config, root = shlex.quote(where["config"]), shlex.quote(where["root"])
+    has_containerd = "command -v containerd >/dev/null 2>&1"
+    return "; ".join(
+        [
+            _path(where),
+            marker("platform_version"),
+            f"if {has_containerd}; then containerd --version; fi",
+            marker("platform_files"),
+            f"echo main {config}",
+            f"{{ echo {config}; find -L {root} -maxdepth 2 -name '*.toml' -type f 2>/dev/null; }} | sort -u | "
+            'while read -r f; do if [ -r "$f" ] && [ -f "$f" ]; then b=$(printf %s "$f" | base64 -w0); '
+            f'echo "file $(stat -L -c %Y "$f") $b $(head -c {FILE_BYTES} "$f" | base64 -w0)"; '
+            'echo "mode $(stat -L -c %a "$f") $b"; echo "owner $(stat -L -c %u:%g "$f") $b"; fi; done',
+            marker("platform_dump"),
+            f"if {has_containerd}; then {_dump_script(config)}; fi",
+            marker("platform_service"),
+            "if command -v systemctl >/dev/null 2>&1; then "
+            f"{service_command(unit=where['unit'], config_root=where['root'], generated=where['config'])}; fi",
+        ]
+    )
+
+
+def _path(where: PlatformContainerd) -> str:
+    """The platform's own containerd and ctr before any other on PATH."""
+    return f'PATH={":".join(shlex.quote(d) for d in where["bin_dirs"])}:"$PATH"; export PATH'
+
+
+def with_platform(node: ContainerdNodeStateInfo, lines: list[str]) -> tuple[ContainerdNodeStateInfo, bool]:
+    """``node`` with the version, files, dump and service of the platform's containerd where ``lines`` (the
+    containerd part) has ``platform_script``'s sections; and whether it had them."""
+    sections = split_sections(lines)
+    if "platform_files" not in sections:
+        return node, False
+    files = ContainerdConfigFiles().process(sections["platform_files"])
+    root = files["main_path"].rsplit("/", 1)[0]
+    files.update(resolve_tree(files["main_path"], files["texts"], root=root))
+    # The platform writes its config at each start of its unit, before containerd: never a pending change.
+    files["mtimes"].pop(files["main_path"], None)
+    version, dump, service = (sections.get(f"platform_{name}", []) for name in ("version", "dump", "service"))
+    return {
+        **node,
+        "version": ContainerdVersion().process(version) if version else None,
+        "files": files,
+        "dump": _process_dump(dump) if dump else None,
+        "service": ContainerdService().process(service) if service else None,
+    }, True
+
+
 VALIDATIONS_SCRIPT = (
     f"if [ -d {VALIDATIONS_DIR} ]; then echo dir; "
     f'for f in {VALIDATIONS_DIR}/*; do if [ -e "$f" ]; then echo "${{f##*/}}"; fi; done; fi'
@@ -102,6 +177,8 @@ class NodeReadinessInfo(TypedDict):
     dev_nodes: NotRequired[list[str] | None]  # character devices under /dev/nvidia*, /dev/dri (None: not read)
     operator: GpuOperatorInfo
     cdi_refresh: NotRequired[CdiRefreshInfo]  # the toolkit's CDI refresh units and our drop-in for them
+    # where a platform runs containerd: its unit (k3s-agent.service, k0sworker.service, ...); absent: containerd.service
+    containerd_unit: NotRequired[str]
 
 
 def parse_xid(lines: list[str]) -> XidInfo:
@@ -178,6 +255,12 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
 
     + binary: path of the nvidia runtime binary
     + cdi_dirs: further CDI spec directories to read (containerd's ``cdi_spec_dirs``)
+    + platform, unit: the platform that owns containerd and the unit it runs containerd in
+      (``ContainerdPlatform``'s ``name`` and ``unit``): on k3s, RKE2 and k0s the version, config files,
+      ``config dump``, unit state, CRI plugin (journal of that unit, else ``ctr`` on the platform's
+      socket) and signals are those of the platform's containerd (``/var/lib/rancher/<program>/agent/etc/
+      containerd/config.toml`` or ``/etc/k0s/containerd.toml``), not containerd.service's;
+      ``containerd_unit`` names the unit read (absent where containerd.service was)
 
     .. code:: python
 
@@ -200,17 +283,26 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
     """
 
     @override
-    def command(self, binary: str, cdi_dirs: list[str] | None = None) -> str:
+    def command(
+        self, binary: str, cdi_dirs: list[str] | None = None, platform: str | None = None, unit: str | None = None
+    ) -> str:
+        where = platform_containerd(platform, unit)
+        containerd = ContainerdNodeState().command(binary)
+        cri = ContainerdCriLoaded().command()
+        signals = SIGNALS_SCRIPT
+        if where:
+            containerd = f"{containerd}; {platform_script(where)}"
+            cri = f"{_path(where)}; {cri_loaded_command(address=where['socket'], unit=where['unit'], log=where['log'])}"
+            signals = signals_script(where["unit"])
         parts: dict[str, str] = {
             "host": NvidiaHostState().command(),
             "nvml": NvmlInfo().command(),
             "toolkit": NvidiaContainerToolkit().command(),
             "cdi": CdiSpecs().command(cdi_dirs),
-            "containerd": ContainerdNodeState().command(binary),
-            "cri": f"if {_HAS.format('journalctl')} && {_HAS.format('systemctl')}; then echo journal; "
-            f"{ContainerdCriLoaded().command()}; fi",
+            "containerd": containerd,
+            "cri": f"if {_HAS.format('journalctl')} && {_HAS.format('systemctl')}; then echo journal; {cri}; fi",
             "xid": XID_SCRIPT,
-            "containerd_journal": SIGNALS_SCRIPT,
+            "containerd_journal": signals,
             "validations": VALIDATIONS_SCRIPT,
             "device_plugin": DEVICE_PLUGIN_SCRIPT,
             "dev_nodes": DEV_NODES_SCRIPT,
@@ -223,12 +315,15 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
     def process(self, output: list[str]) -> NodeReadinessInfo:
         parts = split_parts(output, PART, READINESS_PARTS)
         cri = parts.get("cri", [])
-        return {
+        containerd, owned = with_platform(
+            ContainerdNodeState().process(parts.get("containerd", [])), parts.get("containerd", [])
+        )
+        info: NodeReadinessInfo = {
             "host": NvidiaHostState().process(parts.get("host", [])),
             "nvml": NvmlInfo().process(parts.get("nvml", [])),
             "toolkit": NvidiaContainerToolkit().process(parts.get("toolkit", [])),
             "cdi": CdiSpecs().process(parts.get("cdi", [])),
-            "containerd": ContainerdNodeState().process(parts.get("containerd", [])),
+            "containerd": containerd,
             "cri": ContainerdCriLoaded().process(cri[1:]) if cri[:1] == ["journal"] else None,
             "xid": parse_xid(parts.get("xid", [])),
             "containerd_journal": parse_containerd_journal(parts.get("containerd_journal", [])),
@@ -238,3 +333,7 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
             "operator": GpuOperatorState().process(parts.get("operator", [])),
             "cdi_refresh": CdiRefreshUnits().process(parts.get("cdi_refresh", [])),
         }
+        unit = containerd["platform"]["unit"]
+        if owned and unit:
+            info["containerd_unit"] = unit
+        return info

@@ -43,6 +43,43 @@ def rancher_config(program: str) -> str:
     return f"/var/lib/rancher/{program}/agent/etc/containerd/config.toml"
 
 
+class PlatformContainerd(TypedDict):
+    """Where a platform's own containerd lives: what the readiness report reads instead of containerd.service's."""
+
+    unit: str  # the unit containerd runs in
+    config: str  # the config containerd is started with (generated, or managed, by the platform)
+    root: str  # the directory read with it: its drop-ins and templates (their mtimes tell a restart pending)
+    socket: str
+    bin_dirs: tuple[str, ...]  # where the platform puts its containerd and ctr, before PATH
+    log: str | None  # the file containerd logs to where not to the unit's journal (k3s and RKE2)
+
+
+def platform_containerd(name: str | None, unit: str | None) -> PlatformContainerd | None:
+    """Where the containerd of platform ``name`` (``ContainerdPlatformInfo``'s ``name``: k3s, RKE2 or k0s)
+    lives, run in ``unit`` (its ``unit``); ``None`` for containerd.service (EKS nodeadm runs that one too)
+    and where no unit of the platform was found."""
+    if not unit or name not in (*RANCHER, "k0s") or unit not in UNITS[name]:
+        return None
+    if name == "k0s":
+        return {
+            "unit": unit,
+            "config": K0S_CONFIG,
+            "root": K0S_CONFIG.rsplit("/", 1)[0],
+            "socket": K0S_SOCKET,
+            "bin_dirs": ("/var/lib/k0s/bin",),
+            "log": None,  # k0s logs its containerd's lines to its unit's journal
+        }
+    config = rancher_config(name)
+    return {
+        "unit": unit,
+        "config": config,
+        "root": config.rsplit("/", 1)[0],
+        "socket": K3S_SOCKET,
+        "bin_dirs": (f"/var/lib/rancher/{name}/data/current/bin", f"/var/lib/rancher/{name}/bin"),
+        "log": f"/var/lib/rancher/{name}/agent/containerd/containerd.log",
+    }
+
+
 # The units each platform runs containerd in (as a child process), by platform.
 UNITS = {
     "k3s": ("k3s.service", "k3s-agent.service"),

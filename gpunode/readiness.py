@@ -569,6 +569,13 @@ def _runtime_handler(facts: NodeReadinessInfo, handler: str, binary: str, nri: b
     return make(OK, f"{handler}: {found}{note}")
 
 
+def _unit(facts: NodeReadinessInfo) -> tuple[str, str]:
+    """The unit containerd runs in, as the report names it and as commands name it: containerd.service, or
+    the unit of the platform that runs it (k3s-agent.service, k0sworker.service, ...)."""
+    unit = facts.get("containerd_unit") or "containerd.service"
+    return unit, "containerd" if unit == "containerd.service" else unit
+
+
 def _newer_files(state: Mapping[str, Any]) -> list[str]:
     started = state["service"]["started_at"] or 0
     mtimes = state["files"]["mtimes"]
@@ -580,17 +587,18 @@ def _containerd_running(facts: NodeReadinessInfo, nri: bool = False) -> Link:
     make = _link("containerd_running", title)
     state, cri = facts["containerd"], facts["cri"]
     service = state["service"]
+    label, unit = _unit(facts)
     if state["version"] is None:
         return make(UNKNOWN, "containerd not installed")
     if service is None:
         return make(UNKNOWN, "no systemd: the running daemon cannot be read")
     if service["active_state"] != "active":
         return make(
-            BROKEN, f"containerd.service {service['active_state']} ({service['result'] or 'no result'})",
-            cause=f"containerd.service is {service['active_state']}/{service['sub_state']} "
+            BROKEN, f"{label} {service['active_state']} ({service['result'] or 'no result'})",
+            cause=f"{label} is {service['active_state']}/{service['sub_state']} "
             f"(result {service['result'] or 'unknown'}): kubelet has no container runtime",
-            fix="read `journalctl -u containerd -b -n 50`, fix the cause, then `systemctl reset-failed containerd "
-            "&& systemctl start containerd`",
+            fix=f"read `journalctl -u {unit} -b -n 50`, fix the cause, then `systemctl reset-failed {unit} "
+            f"&& systemctl start {unit}`",
         )  # fmt: skip
     if cri is None:
         return make(UNKNOWN, f"containerd active (PID {service['main_pid']}); no journal to read the CRI plugin from")
@@ -600,12 +608,12 @@ def _containerd_running(facts: NodeReadinessInfo, nri: bool = False) -> Link:
                 BROKEN, "CRI plugin failed to load",
                 cause=f"the running containerd (PID {service['main_pid']}) failed to load its CRI plugin: "
                 f"{cri['error']}",
-                fix="fix the config the error names, then `systemctl restart containerd` (or " + RUNTIME_DEPLOY + ")",
+                fix=f"fix the config the error names, then `systemctl restart {unit}` (or {RUNTIME_DEPLOY})",
             )  # fmt: skip
         return make(UNKNOWN, f"containerd active (PID {service['main_pid']}); no CRI start line in its journal")
     pending = service["restart_pending"]
     if nri:
-        return _running_nri(make, service, cri, pending, _newer_files(state) if pending else [])
+        return _running_nri(make, service, cri, pending, _newer_files(state) if pending else [], unit)
     if RUNTIME in cri["runtimes"]:
         note = "; a config file is newer (restart pending)" if pending else ""
         return make(OK, f"PID {service['main_pid']}: runtimes {', '.join(cri['runtimes'])}{note}")
@@ -618,15 +626,14 @@ def _containerd_running(facts: NodeReadinessInfo, nri: bool = False) -> Link:
             cause=f"restart pending: {', '.join(newer) or 'a file under /etc/containerd'} changed after containerd "
             f"(PID {service['main_pid']}) started, so the running daemon has runtimes "
             f"{', '.join(cri['runtimes']) or 'none'} without nvidia",
-            fix=f"restart it one node at a time: {RUNTIME_DEPLOY} (or `systemctl restart containerd`)",
+            fix=f"restart it one node at a time: {RUNTIME_DEPLOY} (or `systemctl restart {unit}`)",
         )  # fmt: skip
     if in_files:
         return make(
             BROKEN, f"PID {service['main_pid']}: no nvidia runtime",
             cause=f"the merged config has nvidia but the running daemon (PID {service['main_pid']}) loaded only "
             f"{', '.join(cri['runtimes']) or 'none'}, and no config file is newer than it",
-            fix="`systemctl restart containerd`, then check the CRI plugin's start line in "
-            "`journalctl -u containerd -b`",
+            fix=f"`systemctl restart {unit}`, then check the CRI plugin's start line in `journalctl -u {unit} -b`",
         )  # fmt: skip
     return make(
         BROKEN, f"PID {service['main_pid']}: no nvidia runtime",
@@ -636,7 +643,12 @@ def _containerd_running(facts: NodeReadinessInfo, nri: bool = False) -> Link:
 
 
 def _running_nri(
-    make: Callable[..., Link], service: Mapping[str, Any], cri: Mapping[str, Any], pending: bool, newer: list[str]
+    make: Callable[..., Link],
+    service: Mapping[str, Any],
+    cri: Mapping[str, Any],
+    pending: bool,
+    newer: list[str],
+    unit: str = "containerd",
 ) -> Link:
     """NRI mode: the running daemon's CRI plugin loaded, with CDI on where its start line says."""
     note = "; a config file is newer (restart pending)" if pending else ""
@@ -647,12 +659,12 @@ def _running_nri(
         return make(
             BROKEN, f"PID {service['main_pid']}: CDI off; restart pending",
             cause=f"{cause}: {', '.join(newer) or 'a file under /etc/containerd'} changed after it started",
-            fix=f"restart it one node at a time: {RUNTIME_DEPLOY} (or `systemctl restart containerd`)",
+            fix=f"restart it one node at a time: {RUNTIME_DEPLOY} (or `systemctl restart {unit}`)",
         )  # fmt: skip
     return make(
         BROKEN, f"PID {service['main_pid']}: CDI off",
         cause=f"{cause}, and no config file is newer than it",
-        fix="`systemctl restart containerd`, then check the CRI plugin's start line in `journalctl -u containerd -b`",
+        fix=f"`systemctl restart {unit}`, then check the CRI plugin's start line in `journalctl -u {unit} -b`",
     )  # fmt: skip
 
 
@@ -661,6 +673,7 @@ def _containerd_signals(facts: NodeReadinessInfo) -> Link:
     if facts["containerd"]["version"] is None:
         return make(NOT_APPLICABLE, "containerd not installed")
     journal = facts["containerd_journal"]
+    _, unit = _unit(facts)
     if journal is None:
         return make(UNKNOWN, "no journal")
     signals, restarts = journal["signals"], journal["restarts"]
@@ -682,12 +695,12 @@ def _containerd_signals(facts: NodeReadinessInfo) -> Link:
             f"last {last}){unnamed} and restarted by systemd {len(restarts)} time(s): containerd has no reload, "
             "a signal ends it" + _operator_sighups(facts),
             fix="find what signals it (a config-management handler, `pkill -HUP`, logrotate) and make it "
-            "`systemctl restart containerd` only after a config change, one node at a time",
+            f"`systemctl restart {unit}` only after a config change, one node at a time",
         )  # fmt: skip
     return make(
         BROKEN, f"{len(restarts)} automatic restart(s), last {restarts[-1]}",
         cause=f"containerd exited on its own and systemd restarted it {len(restarts)} time(s), last {restarts[-1]}",
-        fix=f"read `journalctl -u containerd -b --until '{restarts[-1]}'` for why it exited",
+        fix=f"read `journalctl -u {unit} -b --until '{restarts[-1]}'` for why it exited",
     )  # fmt: skip
 
 

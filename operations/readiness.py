@@ -12,11 +12,13 @@ from pyinfra import host, state
 from pyinfra.api import State, operation
 
 from pyinfra_gpunode.facts.cdi import SPEC_DIRS
+from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.facts.readiness import NodeReadiness, NodeReadinessInfo
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail
 from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.operations._shared import node_fact
+from pyinfra_gpunode.platform import platform_containerd
 from pyinfra_gpunode.readiness import NodeReadiness as Report
 from pyinfra_gpunode.readiness import assess, fleet_json, fleet_text, node_text
 
@@ -75,11 +77,14 @@ def reported(
 
 
 def _readiness_facts(binary: str, cdi_spec_dirs: list[str] | None) -> NodeReadinessInfo:
-    """The node's readiness read; the specs of directories besides the two default ones read too."""
+    """The node's readiness read; the specs of directories besides the two default ones read too, and the
+    containerd of k3s, RKE2 or k0s where one of them runs it (their unit, config and socket)."""
     extra = [path for path in cdi_spec_dirs or [] if path not in SPEC_DIRS]
-    if extra:
-        return node_fact(NodeReadiness, binary=binary, cdi_dirs=extra)
-    return node_fact(NodeReadiness, binary=binary)
+    arguments: dict[str, Any] = {"cdi_dirs": extra} if extra else {}
+    owner = node_fact(ContainerdPlatform)
+    if platform_containerd(owner["name"], owner["unit"]):
+        arguments.update(platform=owner["name"], unit=owner["unit"])
+    return node_fact(NodeReadiness, binary=binary, **arguments)
 
 
 def _print_when_complete(run: State, reports: dict[str, Report], json_path: str | None) -> None:

@@ -41,7 +41,7 @@ for _ in $(seq 1 "$ticks"); do
     elif ! grep -qE "$nvidia" "$config"; then
         why="$config has no nvidia runtime after the restart"
     elif timeout 10 "$ctr" --address "$address" plugins ls 2>/dev/null |
-        grep -qE '^io[.]containerd[.]grpc[.]v1 +cri .* ok$'; then
+        grep -qE '^io[.]containerd[.]grpc[.]v1 +cri .* ok *$'; then
         exit 0
     else
         why="the CRI plugin on $address is not up"

@@ -138,6 +138,18 @@ def node_dump(fleet: Fleet) -> dict:
     )
 
 
+def readiness_links(fleet: Fleet, report: Path) -> dict[str, str]:
+    """deploys/readiness.py on the node: each link's state and detail, by id."""
+    pyinfra = Path(sys.executable).with_name("pyinfra")
+    subprocess.run(
+        [str(pyinfra), "-y", "--limit", NODE, "--data", f"gpunode_readiness_json={report}",
+         str(fleet.inventory_path), "deploys/readiness.py"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+    )  # fmt: skip
+    (node,) = json.loads(report.read_text())["nodes"]
+    return {link["id"]: f"{link['state']}: {link['detail']}" for link in node["links"]}
+
+
 def loaded_runtimes(fleet: Fleet, pid: str) -> list[str]:
     """The runtimes the CRI plugin of containerd ``pid`` started with (its own start line in the journal)."""
     journal = sh(fleet, f"journalctl --no-pager -o cat _PID={pid}")
@@ -146,7 +158,7 @@ def loaded_runtimes(fleet: Fleet, pid: str) -> list[str]:
     return sorted(loaded["runtimes"])
 
 
-def test_the_drop_in_is_written_in_the_turn_verified_kept_and_rolled_back(fleet: Fleet) -> None:
+def test_the_drop_in_is_written_in_the_turn_verified_kept_and_rolled_back(fleet: Fleet, tmp_path: Path) -> None:
     pid = k0s_node(fleet)
     assert loaded_runtimes(fleet, pid) == ["runc"]
 
@@ -169,6 +181,12 @@ def test_the_drop_in_is_written_in_the_turn_verified_kept_and_rolled_back(fleet:
     assert written != pid
     assert loaded_runtimes(fleet, written) == ["nvidia", "runc"]
     assert sh(fleet, "ls /var/lib/pyinfra-gpunode/backup").startswith("k0s-containerd-")
+    # The report reads k0s' containerd (k0sworker, /etc/k0s/containerd.toml, its socket). Its restarts link is
+    # not asserted: the stand-in's containerd is the unit's main process, so systemd logs k0s' SIGHUP.
+    links = readiness_links(fleet, tmp_path / "readiness.json")
+    assert links["containerd_config"].startswith("ok: containerd 2.1.9") and "nvidia (" in links["containerd_config"]
+    assert links["containerd_running"] == f"ok: PID {written}: runtimes nvidia, runc", links
+    assert worker_pid(fleet) == written
 
     again = deploy(fleet, "-y")
     assert again.returncode == 0, again.stdout

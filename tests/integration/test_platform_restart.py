@@ -1,6 +1,7 @@
 """The k3s/RKE2 unit restart and its verification (``operations/shell/platform-restart.sh``), run as the node
 runs it, against stand-ins for ``systemctl`` (an agent that regenerates its config at the restart) and ``ctr``
-(whose ``plugins ls`` lines are containerd 2.1's) in a scratch directory; nothing outside it is touched."""
+(whose ``plugins ls`` line is containerd 1.7's, padded as ctr prints it) in a scratch directory; nothing
+outside it is touched."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ NVIDIA = """
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.'nvidia']
   runtime_type = "io.containerd.runc.v2"
 """
-CRI_OK = "io.containerd.grpc.v1                  cri                      linux/amd64    ok"
+# As containerd 1.7's ctr prints it: its table pads the last column too.
+CRI_OK = "io.containerd.grpc.v1                  cri                      linux/amd64    ok        "
 
 
 def stand_ins(bin_dir: Path, config: Path, regenerated: str, plugins: str) -> None:

@@ -450,3 +450,24 @@ def test_another_vendors_spec_is_not_taken_for_the_nvidia_spec() -> None:
                     "error": "/etc/cdi/acme.yaml is not valid YAML or JSON: x"}  # fmt: skip
     facts["cdi"] = [broken_other, {**facts["cdi"][0], "path": "/var/run/cdi/nvidia.yaml"}]
     assert states(facts)["cdi"] == OK
+
+
+def test_a_platform_unit_is_named_where_it_runs_containerd() -> None:
+    """On a k3s node the report names k3s' unit, in the link and in the commands it gives."""
+    facts = healthy()
+    facts["containerd_unit"] = "k3s-agent.service"
+    facts["containerd"]["service"].update(active_state="failed", sub_state="failed", result="exit-code")
+    link = assess("gpu1", facts, BINARY, SPEC).first_broken
+    assert link is not None and link.id == "containerd_running"
+    assert link.detail == "k3s-agent.service failed (exit-code)"
+    assert link.cause == "k3s-agent.service is failed/failed (result exit-code): kubelet has no container runtime"
+    assert link.fix == (
+        "read `journalctl -u k3s-agent.service -b -n 50`, fix the cause, then "
+        "`systemctl reset-failed k3s-agent.service && systemctl start k3s-agent.service`"
+    )
+    facts = healthy()
+    facts["containerd_unit"] = "k0sworker.service"
+    facts["containerd_journal"] = parse_containerd_journal(SIGHUP_JOURNAL)
+    link = assess("gpu1", facts, BINARY, SPEC).first_broken
+    assert link is not None and link.id == "containerd_restarts" and link.fix
+    assert "`systemctl restart k0sworker.service` only after a config change" in link.fix
