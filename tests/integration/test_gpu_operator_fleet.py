@@ -336,7 +336,10 @@ def test_a_node_whose_runtime_the_operators_toolkit_manages_is_refused_untouched
               f"(GPU Operator toolkit, BinaryName {TOOLKIT}/nvidia-container-runtime)"  # fmt: skip
     assert f"[op1] containerd config not changed: {refusal}" in run.stdout, run.stdout
     assert "`toolkit.enabled=false` in the operator's Helm values" in run.stdout
-    assert "not reached (failed before the rollout)" in summary_rows(run.stdout)["op1"]
+    assert (
+        "not reached (failed before the rollout, at GPU Operator: host side handed over"
+        in summary_rows(run.stdout)["op1"]
+    )
     assert first_run["op1_after"] == first_run["op1_before"], "deploys/gpu_node.py changed op1"
     assert first_run["op1_before"][3] == "none\n"
 
