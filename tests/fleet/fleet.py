@@ -177,6 +177,7 @@ class Fleet:
 
     def _remove_host(self, state: HostState) -> None:
         _stop(state)
+        nspawn.unmount_all_under(state.directory)
         subprocess.run(["rm", "-rf", "--one-file-system", str(state.directory)], check=True)
 
     def _ensure_archive_relay(self) -> None:

@@ -9,6 +9,7 @@ archive through ``127.0.0.1:80`` inside the namespace -> the fleet's archive soc
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -115,6 +116,23 @@ def wipe_disk(state: HostState) -> None:
 
 
 def is_mounted(path: Path) -> bool:
-    target = str(path.resolve())
+    return str(path.resolve()) in _mount_points()
+
+
+def unmount_all_under(directory: Path) -> None:
+    """Unmount whatever is still mounted at or below ``directory``, deepest first (an interrupted boot
+    can leave an overlay behind), so that ``rm -rf --one-file-system`` can remove it."""
+    top = str(directory.resolve())
+    inside = [point for point in _mount_points() if point == top or point.startswith(top + "/")]
+    for point in sorted(inside, key=lambda p: p.count("/"), reverse=True):
+        subprocess.run(["umount", point], check=True)
+
+
+def _mount_points() -> list[str]:
+    """Mount points of this mount namespace, with mountinfo's octal escapes (\\040 for a space) undone."""
     with open("/proc/self/mountinfo") as mountinfo:
-        return any(line.split()[4] == target for line in mountinfo)
+        return [_unescape(line.split()[4]) for line in mountinfo]
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)

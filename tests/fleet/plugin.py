@@ -3,7 +3,8 @@
 - ``fleet``: node1 (trixie, containerd 1.7), node2 (trixie), node3 (sid, containerd 2.1), booted
   with systemd-nspawn once per session;
 - ``vm_fleet``: vm1 (trixie) under qemu, for tests that need a kernel of their own;
-- ``fleet_factory(specs, name)``: any other fleet, e.g. ``[HostSpec("b1", "bookworm")]``;
+- ``fleet_factory(specs, name)``: any other fleet, e.g. ``[HostSpec("b1", "bookworm")]``, up for the
+  session; ``with fleet_factory.lent(specs, name) as fleet:`` one a module uses alone, down after it;
 - ``verify(fleet, checks, hosts)``: run the shipped verification suite (``pyinfra_gpunode.verify``) against a fleet.
 
 A fleet that was already up when the session started (``python -m tests.fleet up``) is used and
@@ -18,7 +19,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,6 @@ from .roots import RootRecipe, ensure_root
 
 SKIP_VARIABLE = "GPUNODE_SKIP_FLEET"
 
-FleetFactory = Callable[[Sequence[HostSpec], str], Fleet]
 Verify = Callable[..., subprocess.CompletedProcess[str]]
 
 
@@ -44,26 +44,58 @@ def require_fleet(vm: bool = False) -> None:
         pytest.fail(f"the test fleet cannot run here: {error} (set {SKIP_VARIABLE}=1 to skip instead)")
 
 
-@pytest.fixture(scope="session")
-def fleet_factory() -> Iterator[FleetFactory]:
-    booted: list[Fleet] = []
-    with ExitStack() as session_locks:
+class FleetFactory:
+    """Boots fleets for the session. ``factory(specs, name)`` keeps a fleet up until the session ends;
+    ``with factory.lent(specs, name) as fleet:`` takes down at the end of the block a fleet it booted,
+    so that a module's own fleet does not hold hosts (and the machine's inotify instances) for the rest
+    of the session. A fleet that was up before (``python -m tests.fleet up``) is left up either way."""
 
-        def make(specs: Sequence[HostSpec], name: str) -> Fleet:
-            require_fleet(vm=any(spec.vm for spec in specs))
+    def __init__(self, session_locks: ExitStack) -> None:
+        self._session_locks = session_locks
+        self._locked: set[str] = set()
+        self._booted: list[Fleet] = []
+
+    def __call__(self, specs: Sequence[HostSpec], name: str) -> Fleet:
+        fleet = self._fleet(specs, name)
+        if not fleet.is_up():
+            self._booted.append(fleet)
+        fleet.up()
+        return fleet
+
+    @contextmanager
+    def lent(self, specs: Sequence[HostSpec], name: str) -> Iterator[Fleet]:
+        fleet = self._fleet(specs, name)
+        booted = not fleet.is_up()
+        try:
+            fleet.up()
+            yield fleet
+        finally:
+            if booted:
+                fleet.down()
+
+    def close(self) -> None:
+        for fleet in reversed(self._booted):
+            fleet.down()
+
+    def _fleet(self, specs: Sequence[HostSpec], name: str) -> Fleet:
+        require_fleet(vm=any(spec.vm for spec in specs))
+        if name not in self._locked:
             # One test session at a time per fleet: another session's teardown must not pull hosts away.
             cache_dir().mkdir(parents=True, exist_ok=True)
-            lock = session_locks.enter_context(open(cache_dir() / f"fleet-{name}.session.lock", "w"))
+            lock = self._session_locks.enter_context(open(cache_dir() / f"fleet-{name}.session.lock", "w"))
             fcntl.flock(lock, fcntl.LOCK_EX)
-            fleet = Fleet(specs, name=name)
-            if not fleet.is_up():
-                booted.append(fleet)
-            fleet.up()
-            return fleet
+            self._locked.add(name)
+        return Fleet(specs, name=name)
 
-        yield make
-        for fleet in reversed(booted):
-            fleet.down()
+
+@pytest.fixture(scope="session")
+def fleet_factory() -> Iterator[FleetFactory]:
+    with ExitStack() as session_locks:
+        factory = FleetFactory(session_locks)
+        try:
+            yield factory
+        finally:
+            factory.close()
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import json
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,9 +38,10 @@ def deploy(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def fleet(fleet_factory: FleetFactory) -> Fleet:
+def fleet(fleet_factory: FleetFactory) -> Iterator[Fleet]:
     """A fleet of its own: the test purges and resets its host."""
-    return fleet_factory([HostSpec(NODE, "trixie")], "dropin")
+    with fleet_factory.lent([HostSpec(NODE, "trixie")], "dropin") as booted:
+        yield booted
 
 
 def sh(fleet: Fleet, command: str) -> str:

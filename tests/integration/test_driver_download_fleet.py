@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,10 @@ with open({log!r}, "a") as log:
 
 
 @pytest.fixture(scope="module")
-def fleet(fleet_factory: FleetFactory) -> Fleet:
+def fleet(fleet_factory: FleetFactory) -> Iterator[Fleet]:
     # Names of their own: fleets share network namespaces by host name.
-    return fleet_factory([HostSpec(name, "trixie") for name in NODES], "download")
+    with fleet_factory.lent([HostSpec(name, "trixie") for name in NODES], "download") as booted:
+        yield booted
 
 
 def build_repository(directory: Path, kernel: str) -> Path:

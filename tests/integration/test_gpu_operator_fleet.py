@@ -32,6 +32,7 @@ import re
 import subprocess
 import sys
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +137,10 @@ def device_plugin_spec(driver: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def fleet(fleet_factory: FleetFactory) -> Fleet:
+def fleet(fleet_factory: FleetFactory) -> Iterator[Fleet]:
     # Names of their own: fleets share network namespaces by host name.
-    return fleet_factory([HostSpec(name, "trixie") for name in NODES], "operator")
+    with fleet_factory.lent([HostSpec(name, "trixie") for name in NODES], "operator") as booted:
+        yield booted
 
 
 def plant(fleet: Fleet, node: str, files: dict[str, str | bytes], script: str, links: dict[str, str]) -> str:

@@ -23,6 +23,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,8 +74,9 @@ ExecStart=/bin/sh -c 'sleep 3; systemctl kill --kill-whom=main -s HUP k0sworker.
 
 
 @pytest.fixture(scope="module")
-def fleet(fleet_factory: FleetFactory) -> Fleet:
-    return fleet_factory([HostSpec(NODE, "sid")], "k0s")
+def fleet(fleet_factory: FleetFactory) -> Iterator[Fleet]:
+    with fleet_factory.lent([HostSpec(NODE, "sid")], "k0s") as booted:
+        yield booted
 
 
 def sh(fleet: Fleet, command: str) -> str:

@@ -30,6 +30,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -93,8 +94,9 @@ TOOLKIT_STAND_IN = '#!/bin/sh\nexec runc "$@"\n'
 
 
 @pytest.fixture(scope="module")
-def fleet(fleet_factory: FleetFactory) -> Fleet:
-    return fleet_factory([HostSpec(NODE, "trixie")], "rancher")
+def fleet(fleet_factory: FleetFactory) -> Iterator[Fleet]:
+    with fleet_factory.lent([HostSpec(NODE, "trixie")], "rancher") as booted:
+        yield booted
 
 
 def sh(fleet: Fleet, command: str) -> str:

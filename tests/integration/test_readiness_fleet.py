@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +44,9 @@ CRI_STARTED = (
 
 
 @pytest.fixture(scope="module")
-def fleet(fleet_factory: FleetFactory) -> Fleet:
-    return fleet_factory(HOSTS, "readiness")
+def fleet(fleet_factory: FleetFactory) -> Iterator[Fleet]:
+    with fleet_factory.lent(HOSTS, "readiness") as booted:
+        yield booted
 
 
 def restarted(fleet: Fleet, node: str) -> None:

@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -61,9 +61,10 @@ sys.exit(1 if f"{{which}}:{{node}}" in os.environ.get("HOOK_FAILS", "").split(",
 
 
 @pytest.fixture(scope="module")
-def fleet(fleet_factory: FleetFactory) -> Fleet:
+def fleet(fleet_factory: FleetFactory) -> Iterator[Fleet]:
     # Names of their own: fleets share network namespaces by host name.
-    return fleet_factory([HostSpec(name, "trixie") for name in NODES], "batches")
+    with fleet_factory.lent([HostSpec(name, "trixie") for name in NODES], "batches") as booted:
+        yield booted
 
 
 @pytest.fixture

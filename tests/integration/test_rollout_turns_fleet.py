@@ -41,9 +41,10 @@ sys.exit(1 if os.environ.get("HOOK_FAILS") == f"{{which}}:{{node}}" else 0)
 
 
 @pytest.fixture(scope="module")
-def fleet(fleet_factory: FleetFactory) -> Fleet:
+def fleet(fleet_factory: FleetFactory) -> Iterator[Fleet]:
     # Names of their own: fleets share network namespaces by host name.
-    return fleet_factory([HostSpec(name, "trixie") for name in NODES], "turns")
+    with fleet_factory.lent([HostSpec(name, "trixie") for name in NODES], "turns") as booted:
+        yield booted
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,10 @@ NODE = "vagrant1"  # Debian trixie
 
 
 @pytest.fixture(scope="module")
-def fleet(fleet_factory: FleetFactory) -> Fleet:
+def fleet(fleet_factory: FleetFactory) -> Iterator[Fleet]:
     """A fleet of its own: the test purges and resets its host."""
-    return fleet_factory([HostSpec(NODE, "trixie")], "vagrant-provision")
+    with fleet_factory.lent([HostSpec(NODE, "trixie")], "vagrant-provision") as booted:
+        yield booted
 
 
 def sh(fleet: Fleet, command: str) -> str:
