@@ -6,7 +6,7 @@ where a plain install has no test extras: the pyinfra-testing patch applies only
 
 import importlib.util
 
-pytest_plugins = ["tests.fleet.plugin"]
+pytest_plugins = ["tests.fleet.plugin", "tests.packaging"]
 
 if importlib.util.find_spec("pyinfra_testing") is not None:
     from pyinfra_testing import util as _testing_util

@@ -22,6 +22,7 @@ import pytest
 from pyinfra_gpunode.facts.cdi import CdiSpecs
 from tests.fleet.fleet import Fleet
 from tests.fleet.plugin import Verify
+from tests.packaging import build_lock
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests/facts/cdi.CdiSpecs"
@@ -86,7 +87,10 @@ def plain_install(tmp_path_factory: pytest.TempPathFactory) -> str:
     directory = tmp_path_factory.mktemp("plain-install")
     venv.EnvBuilder(with_pip=True).create(directory / "venv")
     python = directory / "venv/bin/python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", str(REPO)], check=True, capture_output=True, timeout=900)
+    with build_lock():  # pip builds the wheel in the checkout
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", str(REPO)], check=True, capture_output=True, timeout=900
+        )
     assert str(REPO) not in subprocess.run(
         [str(python), "-c", "import pyinfra_gpunode.verify as v; print(v.__file__)"],
         check=True, capture_output=True, text=True, cwd=directory,

@@ -16,6 +16,7 @@ from pyinfra.api import FactBase
 import pyinfra_gpunode.facts
 import pyinfra_gpunode.operations
 from pyinfra_gpunode.hostdata import KEYS, HostDataError, markdown_table, validate
+from tests.packaging import InstalledWheel
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -133,13 +134,8 @@ def test_editable_install_finds_templates_in_the_checkout() -> None:
     assert Path(templates.__file__).resolve().parent == REPO / "templates" / "containerd"
 
 
-def test_wheel_ships_templates_and_renders(tmp_path: Path) -> None:
-    pip = [sys.executable, "-m", "pip"]
-    build = ["wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", REPO]
-    subprocess.run([*pip, *build], check=True)
-    (wheel,) = (tmp_path / "dist").glob("pyinfra_gpunode-*.whl")
-    target = tmp_path / "site"
-    subprocess.run([*pip, "install", "-q", "--no-deps", "--target", target, wheel], check=True)
+def test_wheel_ships_templates_and_renders(installed_wheel: InstalledWheel, tmp_path: Path) -> None:
+    target = installed_wheel.site
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1]); "
         "import pyinfra_gpunode.containerd_dropin as d, pyinfra_gpunode.templates.containerd as t; "

@@ -8,15 +8,13 @@ import sys
 import zipfile
 from pathlib import Path
 
+from tests.packaging import InstalledWheel
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_wheel_ships_the_verification_suite(tmp_path: Path) -> None:
-    pip = [sys.executable, "-m", "pip"]
-    subprocess.run(
-        [*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", REPO], check=True
-    )
-    (wheel,) = (tmp_path / "dist").glob("pyinfra_gpunode-*.whl")
+def test_wheel_ships_the_verification_suite(installed_wheel: InstalledWheel, tmp_path: Path) -> None:
+    wheel = installed_wheel.wheel
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("plugin", "inventory", "facts", "test_containerd", "test_gpu", "test_host"):
         assert f"pyinfra_gpunode/verify/{module}.py" in names
@@ -38,8 +36,7 @@ def test_wheel_ships_the_verification_suite(tmp_path: Path) -> None:
         in zipfile.ZipFile(wheel).read(entry_points).decode()
     )
 
-    target = tmp_path / "site"
-    subprocess.run([*pip, "install", "-q", "--no-deps", "--target", target, wheel], check=True)
+    target = installed_wheel.site
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     environment = {**os.environ, "PYTHONPATH": str(target)}
