@@ -23,7 +23,14 @@ def host_cgroups(name: str) -> list[Path]:
 def create(name: str) -> list[Path]:
     paths = host_cgroups(name)
     for path in paths:
-        path.mkdir(parents=True, exist_ok=True)
+        for _ in range(50):
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                break
+            except FileNotFoundError:  # another session's ``remove`` took the empty parent meanwhile
+                time.sleep(0.1)
+        else:
+            path.mkdir(parents=True, exist_ok=True)
     return paths
 
 

@@ -3,7 +3,7 @@
 fleet = Fleet()            # node1 (trixie), node2 (trixie), node3 (sid), systemd-nspawn
 fleet.up()                 # idempotent: boots only what is not running
 fleet.run("node1", "systemctl is-active containerd")
-fleet.reset(["node1"])     # fresh disk, same keys and machine-id
+fleet.reset(["node1"])     # fresh disk, same keys and machine-id (skipped while nothing used the fleet since boot)
 fleet.down()               # idempotent: stops only what the harness started
 """
 
@@ -15,7 +15,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -58,28 +58,38 @@ class Fleet:
         self.name = name
         self.specs = tuple(specs)
         self.directory = fleet_dir(name)
+        # Hosts this object booted that no one can have reached yet: every way to a host (its access
+        # files, ports, ``run``) empties the set for good, so a reset is skipped only where it would
+        # give what the boot gave.
+        self._untouched: set[str] = set()
 
     @property
     def inventory_path(self) -> Path:
+        self._hand_out()
         return self.directory / "inventory.py"
 
     @property
     def ssh_config_path(self) -> Path:
+        self._hand_out()
         return self.directory / "ssh_config"
 
     @property
     def known_hosts_path(self) -> Path:
+        self._hand_out()
         return self.directory / "known_hosts"
 
     @property
     def key_path(self) -> Path:
+        self._hand_out()
         return key_path()
 
     @property
     def hosts(self) -> list[Host]:
+        self._hand_out()
         return [Host(s.name, s.port, s.release, s.vm) for s in self._states()]
 
     def host(self, name: str) -> Host:
+        self._hand_out()
         for host in self.hosts:
             if host.name == name:
                 return host
@@ -110,39 +120,55 @@ class Fleet:
                 self._boot(state, roots[state.name])
             self._write_access_files()
             self._wait_ready(to_boot)
+            self._untouched |= {state.name for state in to_boot}
 
     def down(self) -> None:
         """Stop every host the harness started for this fleet and remove its state."""
         if not self.directory.exists():
             return
+        self._hand_out()
         with self._locked():
-            for state in self._states():
-                self._remove_host(state)
+            _each(self._remove_host, self._states())
             self._stop_archive_relay()
-            for path in (self.inventory_path, self.ssh_config_path, self.known_hosts_path):
+            for path in self._access_files():
                 path.unlink(missing_ok=True)
         shutil.rmtree(self.directory)
 
     def reset(self, names: Iterable[str]) -> None:
-        """Reboot ``names`` with a fresh disk; they keep their SSH host keys, machine-id and port."""
+        """Reboot ``names`` with a fresh disk; they keep their SSH host keys, machine-id and port.
+
+        Hosts booted by ``up()`` that nothing has reached since are left as they are: their disk is
+        as fresh as a reset would make it."""
         wanted = set(names)
         with self._locked():
             states = [s for s in self._states() if s.name in wanted]
             unknown = wanted - {s.name for s in states}
             if unknown:
                 raise KeyError(f"no hosts {sorted(unknown)} in fleet {self.name!r}")
+            states = [s for s in states if not (s.name in self._untouched and _is_running(s))]
+            if not states:
+                return
             roots = self._build_roots()
-            for state in states:
-                _stop(state)
-                (vm if state.vm else nspawn).wipe_disk(state)
+            _each(_stop_and_wipe, states)
             for state in states:
                 self._boot(state, roots[state.name])
             self._wait_ready(states)
 
     def run(self, name: str, command: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run ``command`` on host ``name`` over SSH (strict host keys); never raises on failure."""
+        self._hand_out()
+        return self._ssh(name, command, timeout)
+
+    def _hand_out(self) -> None:
+        self._untouched.clear()
+
+    def _access_files(self) -> tuple[Path, Path, Path]:
+        return self.directory / "inventory.py", self.directory / "ssh_config", self.directory / "known_hosts"
+
+    def _ssh(self, name: str, command: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        ssh_config = self.directory / "ssh_config"
         return subprocess.run(
-            ["ssh", "-F", str(self.ssh_config_path), name, command],
+            ["ssh", "-F", str(ssh_config), name, command],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -203,9 +229,10 @@ class Fleet:
 
     def _write_access_files(self) -> None:
         states = self._states()
-        access.write_known_hosts(self.known_hosts_path, states)
-        access.write_ssh_config(self.ssh_config_path, states, self.key_path, self.known_hosts_path)
-        access.write_inventory(self.inventory_path, states, self.key_path, self.known_hosts_path)
+        inventory, ssh_config, known_hosts = self._access_files()
+        access.write_known_hosts(known_hosts, states)
+        access.write_ssh_config(ssh_config, states, key_path(), known_hosts)
+        access.write_inventory(inventory, states, key_path(), known_hosts)
 
     def _wait_ready(self, states: Sequence[HostState]) -> None:
         if not states:
@@ -221,16 +248,16 @@ class Fleet:
         while True:
             if not _is_running(state):
                 raise RuntimeError(f"{state.name} stopped while booting:\n{_console_tail(state)}")
-            result = self.run(state.name, "systemctl is-system-running --wait", timeout=timeout)
+            result = self._ssh(state.name, "systemctl is-system-running --wait", timeout=timeout)
             if result.stdout.strip() == "running":
                 break
             if result.stdout.strip() == "degraded":
-                failed = self.run(state.name, "systemctl --failed --plain --no-legend").stdout
+                failed = self._ssh(state.name, "systemctl --failed --plain --no-legend").stdout
                 raise RuntimeError(f"{state.name} booted degraded; failed units:\n{failed}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{state.name} not ready: {result.stderr.strip()}\n{_console_tail(state)}")
             time.sleep(0.3)
-        active = self.run(state.name, "systemctl is-active containerd").stdout.strip()
+        active = self._ssh(state.name, "systemctl is-active containerd").stdout.strip()
         if active != "active":
             raise RuntimeError(f"{state.name}: containerd is {active!r} after boot")
 
@@ -244,6 +271,18 @@ class Fleet:
 
 def _stop(state: HostState) -> None:
     (vm if state.vm else nspawn).stop(state)
+
+
+def _stop_and_wipe(state: HostState) -> None:
+    _stop(state)
+    (vm if state.vm else nspawn).wipe_disk(state)
+
+
+def _each(action: Callable[[HostState], None], states: Sequence[HostState]) -> None:
+    """``action`` on every host at once (stopping a host mostly waits for its shutdown)."""
+    if states:
+        with ThreadPoolExecutor(max_workers=len(states)) as pool:
+            list(pool.map(action, states))
 
 
 def _matches(state: HostState, spec: HostSpec) -> bool:

@@ -6,6 +6,7 @@ a read-only layer, so a host keeps its keys and machine-id when its writable lay
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import uuid
 from pathlib import Path
@@ -17,15 +18,19 @@ from .paths import key_path
 def ensure_client_key() -> Path:
     """The harness's ed25519 login key, created once in the cache."""
     key = key_path()
-    if not key.exists():
-        key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fresh = key.with_name(f"{key.name}.{uuid.uuid4().hex}")
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "pyinfra-gpunode fleet", "-f", str(fresh)],
-            check=True,
-        )
-        fresh.with_name(fresh.name + ".pub").rename(key.with_name(key.name + ".pub"))
-        fresh.rename(key)
+    if key.exists():
+        return key
+    key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(key.parent / ".lock", "w") as lock:  # sessions side by side (pytest-xdist workers) make one key
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not key.exists():
+            fresh = key.with_name(f"{key.name}.{uuid.uuid4().hex}")
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "pyinfra-gpunode fleet", "-f", str(fresh)],
+                check=True,
+            )
+            fresh.with_name(fresh.name + ".pub").rename(key.with_name(key.name + ".pub"))
+            fresh.rename(key)
     return key
 
 
