@@ -3,6 +3,8 @@
 # other names (gpunode/ is pyinfra_gpunode, facts/ is pyinfra_gpunode.facts, ...), which mypy cannot
 # follow, so they are linked into a temporary tree under their package names and mypy checks that
 # package: the calls between its modules are checked, not taken as Any.
+# mypy's cache stays in this checkout's .mypy_cache: the linked tree is new each time, and mypy
+# checks every cached module against its file's size, time and content before it trusts it.
 # Usage: scripts/typecheck.sh [SOURCE_ROOT]   (default: this checkout)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +19,6 @@ for sub in facts operations verify templates; do
 done
 # mypy names the linked paths; the sed names the checkout's files instead.
 cd "$tree"
-MYPYPATH=$tree "$here/.venv/bin/mypy" --config-file "$root/pyproject.toml" --cache-dir "$tree/.mypy_cache" \
+MYPYPATH=$tree "$here/.venv/bin/mypy" --config-file "$root/pyproject.toml" --cache-dir "$here/.mypy_cache" \
     -p pyinfra_gpunode \
     | sed -E -e 's#^pyinfra_gpunode/(facts|operations|verify|templates)/#\1/#' -e 's#^pyinfra_gpunode/#gpunode/#'
