@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
+from tests import cli
 from tests.fleet.plugin import require_fleet
 from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
 
 REPO = Path(__file__).resolve().parents[2]
-PYINFRA = Path(sys.executable).with_name("pyinfra")
 pytestmark = pytest.mark.fleet
 
 
@@ -30,13 +29,7 @@ def chroot(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
 
 
 def pyinfra(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(PYINFRA), f"@chroot/{root}", "deploys/containerd_runtime.py", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return cli.pyinfra(f"@chroot/{root}", "deploys/containerd_runtime.py", *args, merged=False, timeout=300)
 
 
 def dump(root: Path) -> dict:

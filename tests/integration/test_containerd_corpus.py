@@ -10,7 +10,6 @@ sid's 2.1.9. A file the project must refuse names the text its refusal must cont
 from __future__ import annotations
 
 import subprocess
-import sys
 import tomllib
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -22,11 +21,11 @@ import pytest
 
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, FILLED_IN, flatten
 from pyinfra_gpunode.containerd_dump import summarize
+from tests import cli
 from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests/corpus/containerd"
-PYINFRA = Path(sys.executable).with_name("pyinfra")
 BINARY = "/usr/bin/nvidia-container-runtime"
 RELEASES = {"1.7.24": "trixie", "2.1.9": "sid"}
 OURS = ("containerd.runtimes.nvidia.", "enable_cdi", "cdi_spec_dirs")
@@ -116,19 +115,13 @@ def node_lines(output: str, root: Path) -> list[str]:
 
 
 def deploy(nodes: list[Node]) -> str:
-    done = subprocess.run(
-        [
-            str(PYINFRA),
-            ",".join(f"@chroot/{node.root}" for node in nodes),
-            "deploys/containerd_runtime.py",
-            "-y",
-            "--data",
-            "gpunode_containerd_restart=none",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    done = cli.pyinfra(
+        ",".join(f"@chroot/{node.root}" for node in nodes),
+        "deploys/containerd_runtime.py",
+        "-y",
+        "--data",
+        "gpunode_containerd_restart=none",
+        merged=False,
     )
     return done.stdout + done.stderr
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
 from pyinfra_gpunode.containerd_dump import parse_cri_start_log
+from tests import cli
 from tests.fleet.fleet import Fleet, HostSpec
 from tests.fleet.plugin import FleetFactory, Verify
 from tests.realbin.scenarios import CONFD, registry, toolkit_dropin
@@ -26,15 +26,7 @@ pytestmark = pytest.mark.fleet
 
 def deploy(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
     """The pyinfra CLI on ``NODE`` only; stdout carries its log (stderr merged)."""
-    pyinfra = Path(sys.executable).with_name("pyinfra")
-    return subprocess.run(
-        [str(pyinfra), "-y", *args, "--limit", NODE, str(fleet.inventory_path), "deploys/containerd_runtime.py"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=600,
-    )
+    return cli.pyinfra("-y", *args, "--limit", NODE, fleet.inventory_path, "deploys/containerd_runtime.py")
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests import cli
 from tests.fleet.fleet import Fleet
 from tests.fleet.plugin import Verify
 
@@ -16,14 +16,7 @@ pytestmark = pytest.mark.fleet
 
 
 def deploy(fleet: Fleet) -> subprocess.CompletedProcess[str]:
-    pyinfra = Path(sys.executable).with_name("pyinfra")
-    return subprocess.run(
-        [str(pyinfra), "-y", str(fleet.inventory_path), "deploys/containerd_runtime.py"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return cli.pyinfra("-y", fleet.inventory_path, "deploys/containerd_runtime.py", merged=False)
 
 
 def main_pid(fleet: Fleet, name: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +17,11 @@ from typing import Any
 import pytest
 
 from pyinfra_gpunode.containerd_dropin import NRI, OUR_DROPIN
+from tests import cli
 from tests.fleet.plugin import require_fleet
 from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
 
 REPO = Path(__file__).resolve().parents[2]
-PYINFRA = Path(sys.executable).with_name("pyinfra")
 NRI_MODE = ("--data", "gpunode_containerd_mode=nri", "--data", "gpunode_containerd_restart=none")
 CONFIG = "etc/containerd/config.toml"
 SITE_NRI = "etc/containerd/conf.d/50-nri.toml"
@@ -38,13 +37,7 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
 
 
 def deploy(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(PYINFRA), f"@chroot/{root}", "deploys/containerd_runtime.py", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return cli.pyinfra(f"@chroot/{root}", "deploys/containerd_runtime.py", *args, merged=False, timeout=300)
 
 
 def output(done: subprocess.CompletedProcess[str]) -> str:

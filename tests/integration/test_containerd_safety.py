@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
+from tests import cli
 from tests.fleet.plugin import require_fleet
 from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
 
 REPO = Path(__file__).resolve().parents[2]
-PYINFRA = Path(sys.executable).with_name("pyinfra")
 NONE = ("--data", "gpunode_containerd_restart=none")
 SECRET = "s3cret-PASS-4242"
 AUTH_DROPIN = f"""version = 2
@@ -41,9 +40,7 @@ def root(tmp_path: Path) -> Iterator[Path]:
 
 
 def pyinfra(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(PYINFRA), f"@chroot/{root}", *args], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
+    return cli.pyinfra(f"@chroot/{root}", *args, merged=False, timeout=300)
 
 
 def deploy(root: Path, *args: str) -> subprocess.CompletedProcess[str]:

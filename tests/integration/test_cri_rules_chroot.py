@@ -7,17 +7,16 @@ deploy's output must name the keys and the files, and the node's files stay byte
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import cli
 from tests.fleet.plugin import require_fleet
 from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
 
 REPO = Path(__file__).resolve().parents[2]
-PYINFRA = Path(sys.executable).with_name("pyinfra")
 NONE = ("--data", "gpunode_containerd_restart=none")
 CONFIG = "etc/containerd/config.toml"
 CERTS = "etc/containerd/conf.d/50-certs.toml"
@@ -38,13 +37,7 @@ def plugins(root: Path) -> tuple[int, str]:
 
 
 def deploy(root: Path, *args: str) -> str:
-    done = subprocess.run(
-        [str(PYINFRA), f"@chroot/{root}", "deploys/containerd_runtime.py", *args, *NONE],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = cli.pyinfra(f"@chroot/{root}", "deploys/containerd_runtime.py", *args, *NONE, merged=False, timeout=300)
     return f"rc={done.returncode}\n{done.stdout}{done.stderr}"
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import cli
 from tests.fleet.roots import planted_copies
 from tests.integration.gpu_state import (
     DRIVER,
@@ -29,7 +29,6 @@ from tests.integration.gpu_state import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-PYINFRA = Path(sys.executable).with_name("pyinfra")
 OUR_DROPIN = "etc/containerd/gpunode/nvidia-runtime.toml"
 NO_RESTART = ("--data", "gpunode_containerd_restart=none")
 pytestmark = pytest.mark.fleet
@@ -71,10 +70,7 @@ def pyinfra(hosts: list[Path], *args: str, deploy: str = "deploys/gpu_node.py") 
     """The CLI on the roots (an inventory of host names only); stdout carries its log. Run beside the
     roots, not in the checkout, where a failing run would leave its ``pyinfra-debug.log``."""
     inventory = ",".join(f"@chroot/{root}" for root in hosts)
-    return subprocess.run(
-        [str(PYINFRA), *args, inventory, str(REPO / deploy)],
-        cwd=hosts[0].parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-    )  # fmt: skip
+    return cli.pyinfra(*args, inventory, REPO / deploy, cwd=hosts[0].parent.parent)
 
 
 def said(out: str, root: Path, text: str) -> bool:

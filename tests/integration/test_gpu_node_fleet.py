@@ -9,7 +9,6 @@ import re
 import runpy
 import signal
 import subprocess
-import sys
 import time
 import tomllib
 from datetime import UTC, datetime
@@ -24,6 +23,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 
 from pyinfra_gpunode.pipeline import gpu_node_prepared
+from tests import cli
 from tests.fleet.fleet import Fleet
 from tests.realbin.scenarios import CONFD, CONFIG, IMPORTS, registry, toolkit_dropin
 
@@ -47,15 +47,7 @@ def deploy(
     fleet: Fleet, *args: str, inventory: Path | None = None, deploy_file: str = "deploys/gpu_node.py"
 ) -> subprocess.CompletedProcess[str]:
     """The pyinfra CLI; stdout carries its log (stderr merged)."""
-    pyinfra = Path(sys.executable).with_name("pyinfra")
-    return subprocess.run(
-        [str(pyinfra), *args, str(inventory or fleet.inventory_path), deploy_file],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=600,
-    )
+    return cli.pyinfra(*args, inventory or fleet.inventory_path, deploy_file)
 
 
 def inventory_of(fleet: Fleet, tmp_path: Path, data: dict[str, dict[str, Any]]) -> Path:
@@ -205,7 +197,7 @@ def _api_deploy(fleet: Fleet, inventory_path: Path | None = None) -> State:
 
 def test_killed_run_converges_on_the_next_run(fleet: Fleet) -> None:
     fleet.reset(NODES)
-    pyinfra = Path(sys.executable).with_name("pyinfra")
+    pyinfra = cli.PYINFRA
     run = subprocess.Popen(
         [str(pyinfra), "-y", str(fleet.inventory_path), "deploys/gpu_node.py"],
         cwd=REPO,
@@ -420,7 +412,7 @@ def test_a_second_run_is_refused_while_another_holds_the_node(fleet: Fleet, tmp_
         "rollout.node_locked(name='lock')\n"
         "server.shell(name='hold', commands=['sleep 120'])\n"
     )
-    pyinfra = Path(sys.executable).with_name("pyinfra")
+    pyinfra = cli.PYINFRA
     run = subprocess.Popen(
         [str(pyinfra), "-y", str(inventory), str(holder)],
         cwd=REPO,

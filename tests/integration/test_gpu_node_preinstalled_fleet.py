@@ -10,12 +10,12 @@ binaries stand on PATH outside dpkg and the CDI spec is current, as on an image-
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import cli
 from tests.fleet.fleet import Fleet
 from tests.integration.gpu_state import DRIVER, LIBRARY, LIBRARY_DIR, cdi_spec, libnvidia_ml
 from tests.integration.summary import summary_rows
@@ -65,11 +65,7 @@ def preinstalled_node1(fleet: Fleet) -> Iterator[None]:
 
 
 def deploy(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
-    pyinfra = Path(sys.executable).with_name("pyinfra")
-    return subprocess.run(
-        [str(pyinfra), *args, "--limit", "node1", str(fleet.inventory_path), "deploys/gpu_node.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-    )  # fmt: skip
+    return cli.pyinfra(*args, "--limit", "node1", fleet.inventory_path, "deploys/gpu_node.py")
 
 
 def test_preinstalled_driver_without_host_data_goes_from_plan_to_prepared_node(

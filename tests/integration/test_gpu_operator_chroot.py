@@ -17,17 +17,16 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import cli
 from tests.fleet.roots import planted_copies
 from tests.integration.gpu_state import DRIVER, libnvidia_ml, plant_gpu, plant_library, plant_module, write
 
 REPO = Path(__file__).resolve().parents[2]
-PYINFRA = Path(sys.executable).with_name("pyinfra")
 CORPUS = REPO / "tests/corpus/containerd"
 OPERATOR_DROPIN = "/etc/containerd/conf.d/99-nvidia.toml"
 OUR_DROPIN = "etc/containerd/gpunode/nvidia-runtime.toml"
@@ -74,10 +73,7 @@ def roots(trixie_root: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
 
 
 def pyinfra(root: Path, *args: str, deploy: str = "deploys/gpu_node.py") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(PYINFRA), *args, f"@chroot/{root}", str(REPO / deploy)],
-        cwd=root.parent.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-    )  # fmt: skip
+    return cli.pyinfra(*args, f"@chroot/{root}", REPO / deploy, cwd=root.parent.parent)
 
 
 def sh(root: Path, command: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from pyinfra.api.operations import run_ops
 from pyinfra_gpunode.facts.kernel import initramfs_stamp
 from pyinfra_gpunode.operations import kernel
 from pyinfra_gpunode.operations.kernel import NOUVEAU_CONF, NOUVEAU_TEXT
+from tests import cli
 from tests.integration import test_host_prep
 
 base_root, node, pytestmark = test_host_prep.base_root, test_host_prep.node, test_host_prep.pytestmark
@@ -50,10 +50,9 @@ def pyinfra(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
     Run beside the root, not in the checkout: the CLI leaves ``pyinfra-debug.log`` in its directory on errors.
     """
-    return subprocess.run(
-        [sys.executable, "-m", "pyinfra", f"@chroot/{root}", str(REPO / "deploys/gpu_node.py"), *args],
-        cwd=root.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
-        env={**os.environ, "PYINFRA_PROGRESS": "off", "COLUMNS": "400"},
+    return cli.pyinfra(
+        f"@chroot/{root}", REPO / "deploys/gpu_node.py", *args,
+        cwd=root.parent, timeout=300, env={"PYINFRA_PROGRESS": "off", "COLUMNS": "400"},
     )  # fmt: skip
 
 

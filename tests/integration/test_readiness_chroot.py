@@ -18,6 +18,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from tests import cli
 from tests.fleet.roots import planted_copies
 from tests.integration.gpu_state import (
     DRIVER,
@@ -32,7 +33,6 @@ from tests.integration.gpu_state import (
 from tests.realbin.scenarios import CONFD, CONFIG, IMPORTS, toolkit_dropin
 
 REPO = Path(__file__).resolve().parents[2]
-PYINFRA = Path(sys.executable).with_name("pyinfra")
 RUNTIME = "/usr/local/bin/nvidia-container-runtime"  # where plant_toolkit puts it
 MARKERS = ("driver-ready", "toolkit-ready", "cuda-ready", "plugin-ready")
 OTHER = "550.144.03"
@@ -164,10 +164,7 @@ def readiness(roots: dict[str, Path], report: Path, *args: str) -> subprocess.Co
 
 def readiness_of(inventory: str, report: Path, *args: str) -> subprocess.CompletedProcess[str]:
     data = [f"gpunode_readiness_json={report}", f"gpunode_nvidia_runtime_binary={RUNTIME}"]
-    return subprocess.run(
-        [str(PYINFRA), *args, *(arg for item in data for arg in ("--data", item)), inventory, "deploys/readiness.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-    )  # fmt: skip
+    return cli.pyinfra(*args, *(arg for item in data for arg in ("--data", item)), inventory, "deploys/readiness.py")
 
 
 def report_status(report: Path) -> int:

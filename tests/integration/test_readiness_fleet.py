@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests import cli
 from tests.fleet.fleet import Fleet, HostSpec
 from tests.fleet.plugin import FleetFactory
 from tests.integration.test_gpu_node_fleet import digest, main_pid, sh, write
@@ -72,11 +72,9 @@ def untouched(fleet: Fleet, node: str) -> tuple[str, str, str]:
 def readiness(fleet: Fleet, tmp_path: Path, node: str, *args: str) -> tuple[subprocess.CompletedProcess[str], Any]:
     """The CLI on ``node``: its process (stderr merged) and the JSON report it wrote."""
     report = tmp_path / f"readiness{len(list(tmp_path.iterdir()))}.json"
-    pyinfra = Path(sys.executable).with_name("pyinfra")
-    result = subprocess.run(
-        [str(pyinfra), *args, "--limit", node, "--data", f"gpunode_readiness_json={report}",
-         str(fleet.inventory_path), "deploys/readiness.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+    result = cli.pyinfra(
+        *args, "--limit", node, "--data", f"gpunode_readiness_json={report}", fleet.inventory_path,
+        "deploys/readiness.py", timeout=300,
     )  # fmt: skip
     return result, json.loads(report.read_text())
 
@@ -194,11 +192,7 @@ def test_broken_containerd_link_is_named_with_its_cause_and_nothing_changes(
 
 def test_gpu_node_deploy_prints_each_nodes_chain_after_the_rollout(fleet: Fleet) -> None:
     fleet.reset(["rd1", "rd2"])
-    pyinfra = Path(sys.executable).with_name("pyinfra")
-    run = subprocess.run(
-        [str(pyinfra), "-y", str(fleet.inventory_path), "deploys/gpu_node.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-    )  # fmt: skip
+    run = cli.pyinfra("-y", fleet.inventory_path, "deploys/gpu_node.py")
     assert run.returncode == 0, run.stdout
     summary = run.stdout.index("--> Summary (rollout order)")
     report = chain(run.stdout[summary:])
@@ -208,13 +202,10 @@ def test_gpu_node_deploy_prints_each_nodes_chain_after_the_rollout(fleet: Fleet)
 
 def test_unwritable_json_path_fails_every_node_naming_the_key(fleet: Fleet, tmp_path: Path) -> None:
     before = untouched(fleet, "rd1")
-    pyinfra = Path(sys.executable).with_name("pyinfra")
     target = tmp_path / "missing" / "report.json"
-    run = subprocess.run(
-        [str(pyinfra), "-y", "--data", f"gpunode_readiness_json={target}", str(fleet.inventory_path),
-         "deploys/readiness.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
-    )  # fmt: skip
+    run = cli.pyinfra(
+        "-y", "--data", f"gpunode_readiness_json={target}", fleet.inventory_path, "deploys/readiness.py", timeout=300
+    )
     assert run.returncode != 0 and "Traceback" not in run.stdout
     message = "host-data key 'gpunode_readiness_json' must name a file in a writable directory on the controller"
     assert run.stdout.count(message) == 2 and "--> Readiness" not in run.stdout

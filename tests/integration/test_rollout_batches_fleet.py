@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests import cli
 from tests.fleet.fleet import Fleet, HostSpec
 from tests.fleet.plugin import FleetFactory
 from tests.integration.summary import summary_rows
@@ -101,14 +102,11 @@ def inventory(fleet: Fleet, tmp_path: Path, hook: Path, **data: Any) -> Path:
 
 
 def pyinfra(path: Path, *args: str) -> list[str]:
-    return [str(Path(sys.executable).with_name("pyinfra")), *args, str(path), "deploys/gpu_node.py"]
+    return [str(cli.PYINFRA), *args, str(path), "deploys/gpu_node.py"]
 
 
 def deploy(path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        pyinfra(path, *args), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-        env={**os.environ, **env},
-    )  # fmt: skip
+    return cli.pyinfra(*args, path, "deploys/gpu_node.py", env=env)
 
 
 def fresh(fleet: Fleet, nodes: Iterable[str] = NODES) -> None:

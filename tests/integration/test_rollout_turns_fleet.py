@@ -8,7 +8,6 @@ and boots are timed from the hosts' own units (the hosts share this machine's cl
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests import cli
 from tests.fleet.fleet import Fleet, HostSpec
 from tests.fleet.plugin import FleetFactory
 from tests.integration.gpu_state import DRIVER, LIBRARY, LIBRARY_DIR, cdi_spec, libnvidia_ml
@@ -78,12 +78,7 @@ def inventory(fleet: Fleet, tmp_path: Path, hook: Path, **data: Any) -> Path:
 
 
 def deploy(inventory_path: Path, *args: str, fails: str = "") -> subprocess.CompletedProcess[str]:
-    pyinfra = Path(sys.executable).with_name("pyinfra")
-    return subprocess.run(
-        [str(pyinfra), *args, str(inventory_path), "deploys/gpu_node.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-        env={**os.environ, "HOOK_FAILS": fails},
-    )  # fmt: skip
+    return cli.pyinfra(*args, inventory_path, "deploys/gpu_node.py", env={"HOOK_FAILS": fails})
 
 
 def at(call: dict[str, Any]) -> datetime:

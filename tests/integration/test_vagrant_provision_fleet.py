@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import cli
 from tests.fleet.fleet import Fleet, HostSpec
 from tests.fleet.plugin import FleetFactory
 
@@ -61,15 +61,7 @@ def test_provisioner_installs_containerd_once_and_the_deploy_runs_to_the_end(fle
     provision(fleet)
     assert state(fleet) == "enabled\nactive\n"
 
-    pyinfra = Path(sys.executable).with_name("pyinfra")
-    deploy = subprocess.run(
-        [str(pyinfra), "-y", "--limit", NODE, str(fleet.inventory_path), "deploys/gpu_node.py"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=600,
-    )
+    deploy = cli.pyinfra("-y", "--limit", NODE, fleet.inventory_path, "deploys/gpu_node.py")
     assert deploy.returncode == 0, deploy.stdout
     assert "containerd.runtimes.nvidia]" in sh(fleet, "containerd config dump")
 
