@@ -11,7 +11,6 @@ repository lists the packages and has lost their files: its download fails befor
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests import cli
 from tests.fleet.fleet import Fleet, HostSpec
 from tests.fleet.plugin import FleetFactory
 from tests.integration.summary import summary_rows
@@ -113,11 +113,7 @@ def prepare(fleet: Fleet, node: str, repository: Path) -> None:
 
 
 def deploy(inventory_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    pyinfra = Path(sys.executable).with_name("pyinfra")
-    return subprocess.run(
-        [str(pyinfra), *args, str(inventory_path), "deploys/gpu_node.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, env=dict(os.environ),
-    )  # fmt: skip
+    return cli.pyinfra(*args, inventory_path, "deploys/gpu_node.py")
 
 
 def inventory(fleet: Fleet, tmp_path: Path, hook: Path) -> Path:

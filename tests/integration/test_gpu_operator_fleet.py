@@ -30,7 +30,6 @@ import io
 import json
 import re
 import subprocess
-import sys
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 
 import pytest
 
+from tests import cli
 from tests.fleet.fleet import Fleet, HostSpec
 from tests.fleet.plugin import FleetFactory
 from tests.integration.gpu_state import DRIVER, LIBRARY, LIBRARY_DIR, cdi_spec, libnvidia_ml
@@ -283,11 +283,7 @@ def inventory(fleet: Fleet, tmp_path: Path, order: tuple[str, ...]) -> Path:
 
 
 def deploy(inventory_path: Path, deploy_file: str, *args: str) -> subprocess.CompletedProcess[str]:
-    pyinfra = Path(sys.executable).with_name("pyinfra")
-    return subprocess.run(
-        [str(pyinfra), "-y", *args, str(inventory_path), deploy_file],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-    )  # fmt: skip
+    return cli.pyinfra("-y", *args, inventory_path, deploy_file)
 
 
 RUNNING_CRI = (

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from pyinfra_gpunode.containerd_dump import parse_cri_start_log
+from tests import cli
 from tests.fleet.fleet import Fleet, HostSpec
 from tests.fleet.plugin import FleetFactory
 
@@ -125,11 +125,7 @@ def k0s_node(fleet: Fleet) -> str:
 
 
 def deploy(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
-    pyinfra = Path(sys.executable).with_name("pyinfra")
-    return subprocess.run(
-        [str(pyinfra), *args, "--limit", NODE, str(fleet.inventory_path), "deploys/containerd_runtime.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-    )  # fmt: skip
+    return cli.pyinfra(*args, "--limit", NODE, fleet.inventory_path, "deploys/containerd_runtime.py")
 
 
 def node_dump(fleet: Fleet) -> dict:
@@ -142,11 +138,9 @@ def node_dump(fleet: Fleet) -> dict:
 
 def readiness_links(fleet: Fleet, report: Path) -> dict[str, str]:
     """deploys/readiness.py on the node: each link's state and detail, by id."""
-    pyinfra = Path(sys.executable).with_name("pyinfra")
-    subprocess.run(
-        [str(pyinfra), "-y", "--limit", NODE, "--data", f"gpunode_readiness_json={report}",
-         str(fleet.inventory_path), "deploys/readiness.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+    cli.pyinfra(
+        "-y", "--limit", NODE, "--data", f"gpunode_readiness_json={report}", fleet.inventory_path,
+        "deploys/readiness.py", timeout=300,
     )  # fmt: skip
     (node,) = json.loads(report.read_text())["nodes"]
     return {link["id"]: f"{link['state']}: {link['detail']}" for link in node["links"]}
