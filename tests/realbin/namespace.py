@@ -82,8 +82,10 @@ class ScenarioHost:
         lines = done.stdout.splitlines()
         return fact.process(lines) if lines else fact.default()
 
-    def run_daemon(self, seconds: int = 6) -> str:
-        """Start the real daemon briefly with this scenario's config; return its log."""
+    def run_daemon(self, seconds: int = 60) -> str:
+        """Start the real daemon with this scenario's config; return its log once it booted (plugins
+        loaded or failed, then one more second for what it logs right after) or exited, or after
+        ``seconds``: on a busy machine a start takes longer than on a quiet one, never shorter."""
         state = self.scratch / "daemon"
         script = f"""
 set -e
@@ -93,7 +95,17 @@ cfg=/etc/containerd/config.toml
 {{ if [ -f "$cfg" ]; then cat "$cfg"; else echo 'version = 2'; fi; }} | awk -v T="$T" '
   /^version/ && !done {{ print; print "root = \\"" T "/root\\""; print "state = \\"" T "/state\\""; done=1; next }} {{ print }}
   END {{ print "[grpc]"; print "  address = \\"" T "/ctd.sock\\""; print "[ttrpc]"; print "  address = \\"" T "/ctd.sock.ttrpc\\"" }}' > "$T/config.toml"
-timeout -s TERM {seconds} containerd --config "$T/config.toml" --log-level info > "$T/log" 2>&1 || true
+containerd --config "$T/config.toml" --log-level info > "$T/log" 2>&1 &
+pid=$!
+end=$(($(date +%s) + {seconds}))
+while kill -0 "$pid" 2>/dev/null && ! grep -q 'containerd successfully booted' "$T/log" && [ "$(date +%s)" -lt "$end" ]; do
+    sleep 0.2
+done
+sleep 1
+kill -TERM "$pid" 2>/dev/null || true
+for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+kill -KILL "$pid" 2>/dev/null || true
+wait "$pid" || true
 cat "$T/log"
 """
         done = self.sh(script, timeout=seconds + 30)
