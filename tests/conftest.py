@@ -6,6 +6,8 @@ where a plain install has no test extras: the pyinfra-testing patch applies only
 
 import importlib.util
 
+import pytest
+
 pytest_plugins = ["tests.fleet.plugin", "tests.packaging"]
 
 if importlib.util.find_spec("pyinfra_testing") is not None:
@@ -17,3 +19,17 @@ if importlib.util.find_spec("pyinfra_testing") is not None:
         return bool(self.data)
 
     _testing_util.FakeFact.__bool__ = _fake_fact_bool  # type: ignore[attr-defined]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep the tiers honest: ``scripts/test.sh --fast`` deselects ``fleet`` and ``vm``, so a test that
+    boots test hosts must carry one of those marks, and a chroot test must not hide among them."""
+    for item in items:
+        if not item.nodeid.startswith("tests/"):
+            continue
+        boots = "fleet_factory" in item.fixturenames
+        marks = {name for name in ("fleet", "vm", "chroot") if item.get_closest_marker(name)}
+        if boots and not marks & {"fleet", "vm"}:
+            raise pytest.UsageError(f"{item.nodeid} boots test hosts (fleet_factory): mark it fleet or vm")
+        if not boots and "fleet" in marks and "trixie_root" in item.fixturenames:
+            raise pytest.UsageError(f"{item.nodeid} boots no host: mark it chroot, not fleet")

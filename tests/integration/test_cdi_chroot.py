@@ -26,7 +26,7 @@ from tests.integration.gpu_state import DRIVER, cdi_spec, plant_gpu, plant_libra
 
 SPEC = "etc/cdi/nvidia.yaml"
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
-pytestmark = pytest.mark.fleet
+pytestmark = pytest.mark.chroot
 
 
 def two_gpu_spec() -> str:

@@ -17,7 +17,7 @@ from tests.fleet.plugin import require_fleet
 from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.fleet
+pytestmark = pytest.mark.chroot
 
 
 @pytest.fixture(params=["trixie", "sid"])

@@ -26,7 +26,7 @@ NRI_MODE = ("--data", "gpunode_containerd_mode=nri", "--data", "gpunode_containe
 CONFIG = "etc/containerd/config.toml"
 SITE_NRI = "etc/containerd/conf.d/50-nri.toml"
 MODE_LINE = "NRI mode: no nvidia runtime registered; NRI and CDI enabled, for the GPU Operator's NRI plugin"
-pytestmark = pytest.mark.fleet
+pytestmark = pytest.mark.chroot
 
 
 @pytest.fixture(params=["trixie", "sid"])

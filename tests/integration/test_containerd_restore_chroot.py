@@ -25,7 +25,7 @@ from pyinfra_gpunode.operations.containerd import _restore, backup_paths
 from tests.fleet.plugin import require_fleet
 from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
 
-pytestmark = pytest.mark.fleet
+pytestmark = pytest.mark.chroot
 
 HERE = Path(__file__).resolve().parent
 MAIN = "/etc/containerd/config.toml"

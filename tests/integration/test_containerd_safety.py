@@ -28,7 +28,7 @@ AUTH_DROPIN = f"""version = 2
   username = "puller"
   password = "{SECRET}"
 """
-pytestmark = pytest.mark.fleet
+pytestmark = pytest.mark.chroot
 
 
 @pytest.fixture

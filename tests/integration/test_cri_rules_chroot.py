@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 NONE = ("--data", "gpunode_containerd_restart=none")
 CONFIG = "etc/containerd/config.toml"
 CERTS = "etc/containerd/conf.d/50-certs.toml"
-pytestmark = pytest.mark.fleet
+pytestmark = pytest.mark.chroot
 
 
 @pytest.fixture(params=["trixie", "sid"])

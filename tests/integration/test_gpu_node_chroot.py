@@ -31,7 +31,7 @@ from tests.integration.gpu_state import (
 REPO = Path(__file__).resolve().parents[2]
 OUR_DROPIN = "etc/containerd/gpunode/nvidia-runtime.toml"
 NO_RESTART = ("--data", "gpunode_containerd_restart=none")
-pytestmark = pytest.mark.fleet
+pytestmark = pytest.mark.chroot
 
 
 def no_gpu(root: Path) -> None:

@@ -33,7 +33,7 @@ OUR_DROPIN = "etc/containerd/gpunode/nvidia-runtime.toml"
 TOOLKIT = "/usr/local/nvidia/toolkit"
 CONTAINER_LIBRARY = f"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{DRIVER}"
 NO_RESTART = ("--data", "gpunode_containerd_restart=none")
-pytestmark = pytest.mark.fleet
+pytestmark = pytest.mark.chroot
 
 
 def operator_toolkit(root: Path) -> None:

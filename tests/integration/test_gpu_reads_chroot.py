@@ -21,7 +21,7 @@ from pyinfra_gpunode.facts.nvidia import NvidiaAptVersions, NvidiaDriver, Nvidia
 from tests.fleet.roots import writable_copy
 from tests.integration.gpu_state import DRIVER, plant_gpu, plant_module, write
 
-pytestmark = pytest.mark.fleet
+pytestmark = pytest.mark.chroot
 
 SMI_CALLS = "/tmp/nvidia-smi.calls"
 NVML_CALLS = "/tmp/nvml-init.calls"

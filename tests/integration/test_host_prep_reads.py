@@ -24,7 +24,7 @@ from pyinfra_gpunode.operations import kernel, unattended_upgrades
 from tests.integration import test_host_prep as prep
 
 pytestmark = [
-    pytest.mark.fleet,
+    pytest.mark.chroot,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chroot, overlay mounts)"),
     pytest.mark.skipif(shutil.which("debootstrap") is None, reason="needs debootstrap"),
 ]

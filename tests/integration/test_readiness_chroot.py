@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 RUNTIME = "/usr/local/bin/nvidia-container-runtime"  # where plant_toolkit puts it
 MARKERS = ("driver-ready", "toolkit-ready", "cuda-ready", "plugin-ready")
 OTHER = "550.144.03"
-pytestmark = pytest.mark.fleet
+pytestmark = pytest.mark.chroot
 
 
 def gpu_node(
