@@ -42,6 +42,7 @@ import tomlkit
 from jinja2 import Environment, StrictUndefined
 
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, load_order, parsed, resolve_tree
+from pyinfra_gpunode.settings import CONTAINERD_MODE, DROPIN_DIR, RUNTIME_BINARY
 from pyinfra_gpunode.versions import ContainerdVersionInfo
 
 CRI_V2 = "io.containerd.grpc.v1.cri"
@@ -96,14 +97,14 @@ V4_SINCE = (2, 3)
 class Options:
     """What host data asks for; ``None`` keeps what the config files set."""
 
-    binary: str = "/usr/bin/nvidia-container-runtime"
+    binary: str = RUNTIME_BINARY
     systemd_cgroup: bool | None = None
     default_runtime: bool = False
     cdi_spec_dirs: tuple[str, ...] | None = None  # None: the files' value, else CDI_SPEC_DIRS
-    dropin_dir: str = "/etc/containerd/conf.d"
+    dropin_dir: str = DROPIN_DIR
     dropin_path: str = OUR_DROPIN
     enable_cdi: bool | None = None  # None: the files' value, else on
-    mode: str = "runtime"  # "runtime": register the nvidia runtime; "nri": NRI and CDI, no runtime
+    mode: str = CONTAINERD_MODE  # "runtime": register the nvidia runtime; "nri": NRI and CDI, no runtime
     enable_nri: bool | None = None  # NRI mode: None keeps a file's ``disable``, else NRI on
     config_root: str = CONFIG_ROOT  # where the config tree lives (``/etc/k0s`` on a k0s node)
 
@@ -184,7 +185,7 @@ def _render(
     data: dict[str, Any],
     account: list[str],
     carried: dict[str, str] | None = None,
-    mode: str = "runtime",
+    mode: str = CONTAINERD_MODE,
     imported: str = IMPORTED,
 ) -> str:
     body = tomlkit.dumps(_sorted(data))

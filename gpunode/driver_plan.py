@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .driver_versions import branch_of, is_branch, is_driver_version, upstream_version, version_key
+from .settings import DRIVER_FLAVOR
 
 # Ubuntu (Canonical's restricted archive): branches with real packages, and branches whose
 # packages became transitional dummies that pull in a newer branch.
@@ -49,7 +50,7 @@ class DriverRequestError(ValueError):
 class DriverRequest:
     branch: str | None = None
     version: str | None = None
-    flavor: str = "server"
+    flavor: str = DRIVER_FLAVOR
     allow_dkms: bool = False
     mok_enrolled: bool = False
 

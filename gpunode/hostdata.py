@@ -1,16 +1,27 @@
-"""The host-data keys the deploys read, with their types and defaults (no I/O).
+"""The host-data keys the deploys read, with their types, and their validation (no I/O).
 
 Every key is prefixed ``gpunode_`` so it never collides with other libraries' data. The
-README's host-data table is checked against ``KEYS`` by the tests.
+README's host-data table is checked against ``KEYS`` by the tests. Each key's default is its
+field's in ``settings``, and ``settings(data)`` gives a host's validated data as ``Settings``.
 """
 
 from __future__ import annotations
 
 import os.path
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from pyinfra_gpunode.settings import (
+    RUN_WIDE_KEYS,
+    RolloutSettings,
+    Settings,
+    default_of,
+    from_values,
+    group_from,
+    to_values,
+)
 
 PREFIX = "gpunode_"
 MAX_RESTART_TIMEOUT = 3600
@@ -40,13 +51,17 @@ def _is_str_list(value: Any) -> bool:
 class Key:
     name: str
     kind: str  # shown in the README: "bool", "str", "list[str]", "one of: a, b"
-    default: Any
     doc: str
     check: Callable[[Any], bool]
     # A whole number stands for its digits (``--data gpunode_driver_branch=580`` parses to an int).
     number_as_text: bool = False
     # A path (or list of paths) on the node: warned about under a world-writable directory.
     node_path: bool = False
+
+    @property
+    def default(self) -> Any:
+        """The value when host data does not set the key, written once: its field's in ``settings``."""
+        return default_of(self.name)
 
 
 def _choice(*values: str) -> Callable[[Any], bool]:
@@ -98,7 +113,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_containerd_restart",
             "one of: rolling, none",
-            "rolling",
             "`rolling` restarts containerd one node at a time after its config changed and verifies it; "
             "`none` only writes files (image builds, chroots); a driver change still waits for the node's turn",
             _choice("rolling", "none"),
@@ -106,7 +120,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_rollout_order",
             "list[str]",
-            [],
             "hosts whose containerd restarts first, in this order (a canary); the rest follow in inventory "
             "order. Same value on every host (set it for the `all` group)",
             _is_str_list,
@@ -114,7 +127,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_rollout_batch",
             'int >= 1, or a percentage such as "10%"',
-            1,
             "how many nodes take their turn at the same time once the canary is done; a percentage is of the "
             "nodes in the run (rounded down, at least 1). Nodes out of service before the rollout (unreachable, "
             "containerd down, CRI failed) count against it. Same value on every host",
@@ -123,7 +135,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_rollout_canary",
             "int >= 0",
-            0,
             "how many nodes, first in rollout order, take their turn alone before any batch; a failure among them "
             "halts the rollout. Same value on every host",
             lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
@@ -131,7 +142,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_rollout_max_failed",
             "int >= 0",
-            0,
             "how many failed turns the rollout goes on past; once more have failed no new turn starts (turns "
             "already running finish). Same value on every host",
             lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
@@ -139,14 +149,12 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_restart_timeout",
             f"int, 1 to {MAX_RESTART_TIMEOUT}",
-            60,
             "seconds a restarted containerd may take until its CRI plugin reports",
             lambda value: isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_RESTART_TIMEOUT,
         ),
         Key(
             "gpunode_rollout_before",
             "list[str]",
-            [],
             "command run on the controller (argv, no shell) before a node's turn, e.g. to cordon and drain it; "
             "`{node}` (inventory name) and `{hostname}` (the node's hostname) are filled in, the planned changes are "
             "in `GPUNODE_CHANGES`; failing leaves the node untouched and halts the rollout. `[]`: no hook",
@@ -155,7 +163,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_rollout_after",
             "list[str]",
-            [],
             "command run on the controller after a node's turn succeeded (uncordon, wait for its GPUs); same "
             "placeholders and environment as `gpunode_rollout_before`; failing halts the rollout after this node",
             _is_str_list,
@@ -163,14 +170,12 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_hook_timeout",
             "number > 0",
-            600,
             "seconds each rollout hook may run before it is killed and counts as failed",
             lambda value: isinstance(value, int | float) and not isinstance(value, bool) and value > 0,
         ),
         Key(
             "gpunode_containerd_mode",
             "one of: runtime, nri",
-            "runtime",
             "`runtime` registers the nvidia runtime (the RuntimeClass handler below); `nri` registers no runtime "
             "and turns on containerd's NRI plugin and CDI instead (containerd 1.7 and later), for clusters whose "
             "GPU Operator injects devices with its NRI plugin; a node switched to `nri` loses the nvidia runtime "
@@ -180,7 +185,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_enable_nri",
             "true or null",
-            None,
             "with `gpunode_containerd_mode: nri`: `true` turns NRI on even where a config file sets `disable = true` "
             "for `io.containerd.nri.v1.nri`; null keeps such a file's value (the plan says NRI stays off), else on",
             lambda value: value is None or value is True,
@@ -188,7 +192,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_containerd_dropin_dir",
             PATH_KIND,
-            "/etc/containerd/conf.d",
             "directory of containerd drop-ins; config.toml's `imports` is made to cover `<dir>/*.toml`",
             _abs_path,
             node_path=True,
@@ -196,7 +199,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_nvidia_runtime_binary",
             PATH_KIND,
-            "/usr/bin/nvidia-container-runtime",
             "`BinaryName` of the nvidia runtime",
             _abs_path,
             node_path=True,
@@ -204,7 +206,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_nvidia_systemd_cgroup",
             "bool or null",
-            None,
             "`SystemdCgroup` of the nvidia runtime; null keeps what a config file sets for nvidia, else as the "
             "default runtime it is copied from has it",
             lambda value: value is None or isinstance(value, bool),
@@ -212,7 +213,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_nvidia_default_runtime",
             "bool",
-            False,
             "make nvidia containerd's default runtime (otherwise the default is left as it is); off by default: "
             "in CDI mode GPU pods ask for the runtime through their RuntimeClass, and a default nvidia runtime "
             "would wrap every pod of the node",
@@ -221,7 +221,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_runtime_handler",
             "runtime name (letters, digits, `-`, `_`, `.`)",
-            "nvidia",
             "the `handler` of the cluster's RuntimeClass for GPU pods: the plan and the readiness report check "
             "that containerd has a runtime of this name running the toolkit's binary",
             _runtime_name,
@@ -229,7 +228,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_take_over_runtime",
             "bool",
-            False,
             "where the GPU Operator's toolkit manages the nvidia runtime, write gpunode's anyway (it loads after "
             "the operator's drop-in, which is left in place); without it such a node fails before any change",
             _bool,
@@ -237,14 +235,12 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_runtime_binary_required",
             "bool",
-            False,
             "fail (instead of warn) when the nvidia runtime binary is missing on the node",
             _bool,
         ),
         Key(
             "gpunode_cdi_spec_dirs",
             f"list of {PATH_KIND}s or null",
-            None,
             "CDI spec directories given to containerd (`cdi_spec_dirs`, containerd 1.7 and 2.x); null keeps what "
             'containerd\'s config files set, else `["/etc/cdi", "/var/run/cdi"]`',
             lambda value: value is None or _abs_path_list(value),
@@ -253,7 +249,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_enable_cdi",
             "bool or null",
-            None,
             "`enable_cdi` of containerd's CRI plugin (containerd 1.7 and 2.x); null keeps what containerd's config "
             "files set, else on",
             lambda value: value is None or isinstance(value, bool),
@@ -261,7 +256,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_driver_branch",
             "str or null",
-            None,
             "NVIDIA driver branch (`580`); the newest version of it is installed once, then pinned and held",
             lambda value: value is None or (isinstance(value, str) and value.isdigit() and len(value) == 3),
             number_as_text=True,
@@ -269,7 +263,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_driver_version",
             "str or null",
-            None,
             "exact NVIDIA driver version (`580.126.20`), pinned and held; implies the branch",
             lambda value: value is None or isinstance(value, str),
             number_as_text=True,
@@ -277,7 +270,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_driver_source",
             "one of: auto, packages, preinstalled",
-            "auto",
             "`packages`: install the branch or version above from the distribution's packages, pinned and "
             "held; `preinstalled`: keep the driver the node has (cloud and golden images, runfile installs, "
             "driver containers), never touch driver packages, require it loaded and matching its userspace "
@@ -288,7 +280,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_driver_replace_preinstalled",
             "bool",
-            False,
             "with `packages`, install driver packages even on a node whose loaded driver did not come from "
             "packages (its libnvidia-ml belongs to no package); otherwise such a node is refused",
             _bool,
@@ -296,7 +287,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_driver_flavor",
             "one of: server, server-open, default, open",
-            "server",
             "driver package flavour (Ubuntu `-server`/`-open` packages; on Debian `open` picks "
             "`nvidia-open-kernel-dkms`)",
             _choice("server", "server-open", "default", "open"),
@@ -304,28 +294,24 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_allow_dkms",
             "bool",
-            False,
             "allow a DKMS-built module (Debian always needs it; Ubuntu only without signed precompiled modules)",
             _bool,
         ),
         Key(
             "gpunode_mok_enrolled",
             "bool",
-            False,
             "the DKMS signing key is enrolled in the node's MOK list, so DKMS may be used under Secure Boot",
             _bool,
         ),
         Key(
             "gpunode_reboot",
             "bool",
-            False,
             "reboot a node whose installed driver differs from the loaded module, then check it again",
             _bool,
         ),
         Key(
             "gpunode_reboot_timeout",
             f"int, {REBOOT_TIMEOUTS[0]} to {REBOOT_TIMEOUTS[1]}",
-            600,
             "seconds a node rebooted for its driver may take to answer again with a new boot id",
             lambda value: (
                 isinstance(value, int)
@@ -336,14 +322,12 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_kernel_hold",
             "bool",
-            True,
             "hold the running kernel's packages and kernel meta packages (`false` releases the holds)",
             _bool,
         ),
         Key(
             "gpunode_unattended_upgrades",
             "one of: disabled, blacklist",
-            "disabled",
             "`disabled`: apt periodic jobs, timers and service off; `blacklist`: security updates stay, "
             "linux-*, nvidia-*, libnvidia-*, containerd, cri-tools never upgraded unattended",
             _choice("disabled", "blacklist"),
@@ -351,21 +335,18 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_unattended_blacklist",
             "list[str]",
-            ["linux-", "nvidia-", "libnvidia-", "containerd", "cri-tools"],
             "package-name prefixes unattended-upgrades must skip in `blacklist` mode",
             _is_str_list,
         ),
         Key(
             "gpunode_needrestart_keep",
             "list[str]",
-            ["containerd", "kubelet"],
             "services needrestart never restarts on its own (`nvidia-*` always added; list-only mode)",
             _is_str_list,
         ),
         Key(
             "gpunode_toolkit_source",
             "one of: auto, repository, deb_dir, installed",
-            "auto",
             "where the NVIDIA Container Toolkit comes from: NVIDIA's apt repository (key pinned by "
             "fingerprint), a directory of .deb files on the node, or already installed (only checked: its "
             "packages, or nvidia-ctk and nvidia-container-runtime on PATH); `auto` fits every node: "
@@ -375,7 +356,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_toolkit_version",
             "str or null",
-            None,
             "NVIDIA Container Toolkit package version (`1.17.8-1`) for all four packages, pinned and held; "
             "null: the newest the repository offers, once, then kept",
             lambda value: value is None or isinstance(value, str),
@@ -384,7 +364,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_toolkit_deb_dir",
             f"{PATH_KIND} or null",
-            None,
             "directory on the node holding the toolkit's .deb files (`gpunode_toolkit_source: deb_dir`)",
             lambda value: value is None or _abs_path(value),
             node_path=True,
@@ -392,7 +371,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_cdi_spec_path",
             PATH_KIND,
-            "/etc/cdi/nvidia.yaml",
             "CDI spec generated with nvidia-ctk when missing, not matching the loaded driver or not listing every GPU "
             "by index plus `all`; the default survives a reboot (`/var/run/cdi` is a tmpfs emptied at boot)",
             _abs_path,
@@ -401,7 +379,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_cdi_owner",
             "one of: auto, project, refresh",
-            "auto",
             "who writes the node's NVIDIA CDI spec: `project` (nvidia-ctk at `gpunode_cdi_spec_path`), `refresh` "
             "(the toolkit's nvidia-cdi-refresh.service, 1.18 and later, at /var/run/cdi/nvidia.yaml: started when its "
             "spec is stale, given no start limit; a spec at `gpunode_cdi_spec_path` is reported as a duplicate, "
@@ -413,7 +390,6 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_readiness_json",
             "str or null",
-            None,
             "file on the controller where the readiness report (every node, every link, versions, causes) is "
             "written as JSON; null: printed only",
             lambda value: value is None or (isinstance(value, str) and bool(value)),
@@ -442,6 +418,22 @@ def validate(data: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
+def settings(data: Mapping[str, Any]) -> Settings:
+    """``data``'s ``gpunode_`` keys validated (``validate``), grouped by subject as ``Settings``."""
+    return from_values(validate(data))
+
+
+def rollout_settings(datas: Sequence[Mapping[str, Any]]) -> RolloutSettings:
+    """The rollout's order and pace from every host's data (``datas``), which must give each of them
+    one value (defaults filled in); ``HostDataError`` names a key that differs. Not validated here:
+    each host's own ``validate`` names a bad value."""
+    for key in RUN_WIDE_KEYS:
+        default = default_of(key)
+        if len({repr(data.get(key, default)) for data in datas}) > 1:
+            raise HostDataError(f"host-data key {key!r} differs between hosts; set it once for all")
+    return group_from(RolloutSettings, datas[0]) if datas else RolloutSettings()
+
+
 def _check_mode(values: Mapping[str, Any]) -> None:
     """Keys that contradict ``gpunode_containerd_mode``: refused naming both."""
     mode = values["gpunode_containerd_mode"]
@@ -457,8 +449,10 @@ def _check_mode(values: Mapping[str, Any]) -> None:
         )
 
 
-def world_writable_warnings(values: Mapping[str, Any]) -> list[str]:
+def world_writable_warnings(values: Mapping[str, Any] | Settings) -> list[str]:
     """One warning per path key of ``values`` (validated) lying in a directory anyone may write to."""
+    if isinstance(values, Settings):
+        values = to_values(values)
     warnings = []
     for name, key in KEYS.items():
         value = values.get(name)

@@ -6,7 +6,9 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TypedDict
 
-DEFAULT_KEEP = ("containerd", "kubelet")
+from pyinfra_gpunode.settings import NEEDRESTART_KEEP
+
+DEFAULT_KEEP = NEEDRESTART_KEEP
 _UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@_.-]*\Z")
 _RESTART = re.compile(r"""^\s*\$nrconf\{restart\}\s*=\s*['"](?P<mode>[a-z])['"]\s*;""")
 _OVERRIDE = re.compile(

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, OUR_DROPIN
+from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, OUR_DROPIN, RUNTIME
 from pyinfra_gpunode.driver_versions import version_from_library
 
 TOOLKIT_DIR = "/usr/local/nvidia/toolkit"
@@ -82,7 +82,7 @@ def writer_of(path: str, binary: str | None, toolkit_installed: bool) -> str:
 
 
 def runtime_writers(
-    texts: Mapping[str, str], name: str = "nvidia", operator: Mapping[str, Any] | None = None
+    texts: Mapping[str, str], name: str = RUNTIME, operator: Mapping[str, Any] | None = None
 ) -> list[RuntimeWriter]:
     """Every file of ``texts`` (path -> text, in load order) that defines runtime ``name``;
     ``operator``: the ``GpuOperatorState`` fact (whether its toolkit binaries are installed)."""
@@ -173,7 +173,7 @@ def toolkit_owner(toolkit: Mapping[str, Any], operator: Mapping[str, Any]) -> st
 
 
 def owners_text(
-    driver: str, toolkit: str, writers: list[RuntimeWriter], validations: list[str] | None, name: str = "nvidia"
+    driver: str, toolkit: str, writers: list[RuntimeWriter], validations: list[str] | None, name: str = RUNTIME
 ) -> str:
     """One line naming each layer's owner."""
     runtime = "; ".join(writer.describe() for writer in writers) or "no file"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import weakref
 from collections.abc import Callable
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
 
@@ -23,7 +24,8 @@ from pyinfra_gpunode.facts.containerd import ContainerdNodeState
 from pyinfra_gpunode.facts.nvidia import NodeKind, NvidiaDriver
 from pyinfra_gpunode.facts.operator import GpuOperatorInfo, GpuOperatorState
 from pyinfra_gpunode.hooks import HOOK_KEYS, check_hook
-from pyinfra_gpunode.hostdata import KEYS, HostDataError, validate, world_writable_warnings
+from pyinfra_gpunode.hostdata import HostDataError, rollout_settings, world_writable_warnings
+from pyinfra_gpunode.hostdata import settings as settings_of
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import (
     cdi,
@@ -51,68 +53,58 @@ from pyinfra_gpunode.operator import (
     take_over_note,
 )
 from pyinfra_gpunode.rollout import NodeReport, NodeSettings, RolloutPolicy, rollout_order
+from pyinfra_gpunode.settings import Settings
 from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit
 
 
-def settings() -> dict[str, Any]:
-    """This host's validated host data, with the rollout's policy checked against the inventory."""
-    values = validate(host.data.dict())
-    for key in HOOK_KEYS:
-        values[key] = check_hook(key, values[key], shutil.which)
-    values["rollout_policy"] = _rollout_policy(current_state())
-    return values
+def host_settings() -> Settings:
+    """This host's validated host data, its hooks checked on the controller, with the rollout's
+    policy checked against the inventory."""
+    found = settings_of(host.data.dict())
+    before_key, after_key = HOOK_KEYS
+    hooks = replace(
+        found.hooks,
+        before=check_hook(before_key, found.hooks.before, shutil.which),
+        after=check_hook(after_key, found.hooks.after, shutil.which),
+    )
+    _rollout_policy(current_state())  # refused unless every host gives the run-wide keys one value
+    return replace(found, hooks=hooks)
 
 
 # Per run (State): the rollout's policy, worked out once from the whole inventory, not once per host.
 _ROLLOUT_POLICIES: weakref.WeakKeyDictionary[State, RolloutPolicy] = weakref.WeakKeyDictionary()
-# The host-data keys of the whole rollout: one value for every host.
-RUN_WIDE_KEYS = (
-    "gpunode_rollout_order",
-    "gpunode_rollout_batch",
-    "gpunode_rollout_canary",
-    "gpunode_rollout_max_failed",
-)
 
 
 def _rollout_policy(run: State) -> RolloutPolicy:
     if run not in _ROLLOUT_POLICIES:
         inventory = list(run.inventory)
-        values = {}
-        for key in RUN_WIDE_KEYS:
-            default = KEYS[key].default
-            seen = {repr(other.data.get(key, default)) for other in inventory}
-            if len(seen) > 1:
-                raise HostDataError(f"host-data key {key!r} differs between hosts; set it once for all")
-            values[key] = inventory[0].data.get(key, default) if inventory else default
-        order = rollout_order([other.name for other in inventory], list(values["gpunode_rollout_order"]))
-        _ROLLOUT_POLICIES[run] = RolloutPolicy(
-            tuple(order),
-            values["gpunode_rollout_batch"],
-            values["gpunode_rollout_canary"],
-            values["gpunode_rollout_max_failed"],
-        )
+        rollout = rollout_settings([other.data.dict() for other in inventory])
+        order = rollout_order([other.name for other in inventory], list(rollout.order))
+        _ROLLOUT_POLICIES[run] = RolloutPolicy(tuple(order), rollout.batch, rollout.canary, rollout.max_failed)
     return _ROLLOUT_POLICIES[run]
 
 
-def _runtime(values: dict[str, Any]) -> dict[str, Any]:
+def _runtime(settings: Settings) -> dict[str, Any]:
+    """``containerd.nvidia_runtime``'s arguments."""
+    containerd, runtime = settings.containerd, settings.runtime
     return {
-        "binary": values["gpunode_nvidia_runtime_binary"],
-        "systemd_cgroup": values["gpunode_nvidia_systemd_cgroup"],
-        "default_runtime": values["gpunode_nvidia_default_runtime"],
-        "cdi_spec_dirs": values["gpunode_cdi_spec_dirs"],
-        "dropin_dir": values["gpunode_containerd_dropin_dir"],
-        "binary_required": values["gpunode_runtime_binary_required"],
-        "enable_cdi": values["gpunode_enable_cdi"],
-        "handler": values["gpunode_runtime_handler"],
-        "mode": values["gpunode_containerd_mode"],
-        "enable_nri": values["gpunode_enable_nri"],
+        "binary": runtime.binary,
+        "systemd_cgroup": runtime.systemd_cgroup,
+        "default_runtime": runtime.default_runtime,
+        "cdi_spec_dirs": containerd.cdi_spec_dirs,
+        "dropin_dir": containerd.dropin_dir,
+        "binary_required": runtime.binary_required,
+        "enable_cdi": containerd.enable_cdi,
+        "handler": runtime.handler,
+        "mode": containerd.mode,
+        "enable_nri": containerd.enable_nri,
     }
 
 
-def _locked(values: dict[str, Any]) -> None:
+def _locked(settings: Settings) -> None:
     """The node lock before this run's first change to a live node (an image or chroot,
     ``gpunode_containerd_restart: none``, is not locked)."""
-    if values["gpunode_containerd_restart"] == "rolling":
+    if settings.containerd.restart == "rolling":
         lock_changes()
 
 
@@ -128,41 +120,41 @@ _NODES: weakref.WeakKeyDictionary[State, dict[str, NodeSettings]] = weakref.Weak
 
 
 @deploy("Register the nvidia runtime with containerd")
-def nvidia_runtime_registered(values: dict[str, Any] | None = None) -> None:
+def nvidia_runtime_registered(settings: Settings | None = None) -> None:
     """
     Register the nvidia runtime with containerd, each node with its own host data. With
     ``gpunode_containerd_restart: rolling`` each node's files are written at its turn and
     containerd restarted and verified one node at a time, in rollout order, halting at the
     first failure; with ``none`` files are only written. A live node is locked for the run.
-    ``values``: this host's ``settings()`` when the caller has them already. A node whose host
+    ``settings``: this host's ``host_settings()`` when the caller has them already. A node whose host
     data is refused, or whose containerd a platform owns (k3s, RKE2, k0s, EKS nodeadm), fails
     with the reason before anything runs on it.
     """
     try:
-        _register(values)
+        _register(settings)
     finally:
         _arrived()
 
 
-def _register(values: dict[str, Any] | None) -> None:
-    checked = values is not None  # by gpu_node_prepared, with the GPU layers
-    values = values or _accepted_settings(gpu=False)
-    if values is None or _platform_refused() or (not checked and _operator_refused(values, gpu=False)):
+def _register(settings: Settings | None) -> None:
+    checked = settings is not None  # by gpu_node_prepared, with the GPU layers
+    settings = settings or _accepted_settings(gpu=False)
+    if settings is None or _platform_refused() or (not checked and _operator_refused(settings, gpu=False)):
         return
     nodes = _NODES.setdefault(current_state(), {})
     driver, steps = _DRIVER_TURNS.get(current_state(), {}).get(host.name, ([], None))
     nodes[host.name] = {
-        "runtime": _runtime(values),
-        "timeout": values["gpunode_restart_timeout"],
-        "restart": values["gpunode_containerd_restart"],
-        "before": values["gpunode_rollout_before"],
-        "after": values["gpunode_rollout_after"],
-        "hook_timeout": values["gpunode_hook_timeout"],
+        "runtime": _runtime(settings),
+        "timeout": settings.containerd.restart_timeout,
+        "restart": settings.containerd.restart,
+        "before": settings.hooks.before,
+        "after": settings.hooks.after,
+        "hook_timeout": settings.hooks.timeout,
         "driver": driver,
         "steps": steps,
     }
-    _locked(values)
-    policy: RolloutPolicy = values["rollout_policy"]
+    _locked(settings)
+    policy = _rollout_policy(current_state())
     rollout.nvidia_runtime_rolled_out(
         name="containerd: nvidia runtime rolled out in turns",
         order=list(policy.order),
@@ -206,16 +198,16 @@ def _platform_refused() -> bool:
     return True
 
 
-def _operator_refused(values: dict[str, Any], gpu: bool = True) -> bool:
+def _operator_refused(settings: Settings, gpu: bool = True) -> bool:
     """Whether the deploy would fight the GPU Operator on this node: its toolkit manages the nvidia
     runtime (unless ``gpunode_take_over_runtime``), or (with ``gpu``) driver packages are asked for
     where its driver container provides the driver. The node is then set to fail with the reason
     and the Helm value to change, before anything changes on it; else the plan says who owns what."""
     found = node_fact(GpuOperatorState)
-    node = node_fact(ContainerdNodeState, binary=values["gpunode_nvidia_runtime_binary"])
+    node = node_fact(ContainerdNodeState, binary=settings.runtime.binary)
     notes, refusal = [], ""
     managed = operator_runtime(runtime_writers(config_texts(node["files"], found), "nvidia", found), found)
-    if managed and not values["gpunode_take_over_runtime"]:
+    if managed and not settings.runtime.take_over:
         refusal = "containerd config not changed: " + runtime_refusal(managed)
     elif managed:
         notes.append(take_over_note(managed))
@@ -223,7 +215,7 @@ def _operator_refused(values: dict[str, Any], gpu: bool = True) -> bool:
         driver = node_fact(NvidiaDriver)
         if driver_from_container(driver, found):
             source, _ = resolve_source(
-                values["gpunode_driver_source"], check_request(_driver_request(values)), driver["kernel_module_version"]
+                settings.driver.source, check_request(_driver_request(settings)), driver["kernel_module_version"]
             )
             if source == "packages" and not refusal:
                 refusal = (
@@ -250,64 +242,57 @@ def _report() -> NodeReport:
     return rollout.REPORTS.setdefault(current_state(), {}).setdefault(host.name, NodeReport())
 
 
-def _driver_request(values: dict[str, Any]) -> DriverRequest:
-    return DriverRequest(
-        values["gpunode_driver_branch"],
-        values["gpunode_driver_version"],
-        values["gpunode_driver_flavor"],
-        values["gpunode_allow_dkms"],
-        values["gpunode_mok_enrolled"],
-    )
+def _driver_request(settings: Settings) -> DriverRequest:
+    driver = settings.driver
+    return DriverRequest(driver.branch, driver.version, driver.flavor, driver.allow_dkms, driver.mok_enrolled)
 
 
-def _accepted_settings(gpu: bool = True) -> dict[str, Any] | None:
+def _accepted_settings(gpu: bool = True) -> Settings | None:
     """This host's settings (with ``gpu``, the driver and toolkit keys checked too); None once the
     host is set to fail with the reason (naming the key), so that nothing runs on it and a dry run
     prints the reason as its plan."""
-    values, error = _checked_settings(gpu)
-    if values is None:
+    settings, error = _checked_settings(gpu)
+    if settings is None:
         hostdata.accepted(name="host data: accepted", error=error)
-    return values
+    return settings
 
 
-def _checked_settings(gpu: bool = True) -> tuple[dict[str, Any] | None, str]:
+def _checked_settings(gpu: bool = True) -> tuple[Settings | None, str]:
     """``(settings, "")``, or ``(None, why they were refused)``; the node's snapshots then check for
     the runtime binary its host data names."""
     try:
-        values = settings()
+        settings = host_settings()
         if gpu:
-            check_request(_driver_request(values))
-            check_toolkit(
-                values["gpunode_toolkit_source"], values["gpunode_toolkit_version"], values["gpunode_toolkit_deb_dir"]
-            )
+            check_request(_driver_request(settings))
+            check_toolkit(settings.toolkit.source, settings.toolkit.version, settings.toolkit.deb_dir)
     except (DriverRequestError, ToolkitRequestError) as exc:
         prefix = "driver" if isinstance(exc, DriverRequestError) else "toolkit"
         error = f"host-data key 'gpunode_{prefix}_{exc.argument}': {exc}"
     except HostDataError as exc:
         error = str(exc)
     else:
-        for warning in world_writable_warnings(values):
+        for warning in world_writable_warnings(settings):
             logger.warning("%s%s", host.print_prefix, warning)
-        snapshot_binary(values["gpunode_nvidia_runtime_binary"])
-        return values, ""
+        snapshot_binary(settings.runtime.binary)
+        return settings, ""
     return None, error
 
 
-def _preinstalled(values: dict[str, Any]) -> bool:
+def _preinstalled(settings: Settings) -> bool:
     """Whether this node keeps its own driver (read before any step; the driver step changes nothing then)."""
     loaded = node_fact(NvidiaDriver)["kernel_module_version"]
-    source, _ = resolve_source(values["gpunode_driver_source"], check_request(_driver_request(values)), loaded)
+    source, _ = resolve_source(settings.driver.source, check_request(_driver_request(settings)), loaded)
     return source == "preinstalled"
 
 
-def _driver_ready(values: dict[str, Any]) -> bool:
+def _driver_ready(settings: Settings) -> bool:
     """``_if`` of the GPU steps after the driver: false (and reported) while a reboot is pending."""
     report = _report()
     if report.driver_ready is None:
         driver = node_fact(NvidiaDriver)
         loaded, userspace = driver["kernel_module_version"], driver["userspace_version"]
         report.driver_ready = bool(loaded and userspace and not driver["mismatch"])
-        source, _ = resolve_source(values["gpunode_driver_source"], check_request(_driver_request(values)), loaded)
+        source, _ = resolve_source(settings.driver.source, check_request(_driver_request(settings)), loaded)
         found = node_fact(GpuOperatorState)
         container = driver_from_container(driver, found)
         if source == "preinstalled" and not container:
@@ -332,74 +317,63 @@ def _driver_ready(values: dict[str, Any]) -> bool:
     return report.driver_ready
 
 
-def _driver_arguments(values: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "source": values["gpunode_driver_source"],
-        "branch": values["gpunode_driver_branch"],
-        "version": values["gpunode_driver_version"],
-        "flavor": values["gpunode_driver_flavor"],
-        "allow_dkms": values["gpunode_allow_dkms"],
-        "mok_enrolled": values["gpunode_mok_enrolled"],
-        "reboot": values["gpunode_reboot"],
-        "reboot_timeout": values["gpunode_reboot_timeout"],
-        "replace_preinstalled": values["gpunode_driver_replace_preinstalled"],
-    }
+def _driver_arguments(settings: Settings) -> dict[str, Any]:
+    """``nvidia.driver``'s arguments: the driver settings by their own names."""
+    return asdict(settings.driver)
 
 
-def _toolkit_changes(values: dict[str, Any]) -> list[str]:
+def _toolkit_arguments(settings: Settings) -> dict[str, Any]:
+    """``nvidia.container_toolkit``'s arguments (``source``, ``version``, ``deb_dir``)."""
+    return asdict(settings.toolkit)
+
+
+def _toolkit_changes(settings: Settings) -> list[str]:
     """The toolkit's install or upgrade, a node disruption (its postinst reloads systemd and starts the CDI
     refresh), where the toolkit step will run: the driver loaded and matching its userspace."""
     driver = node_fact(NvidiaDriver)
     if not (driver["kernel_module_version"] and driver["userspace_version"] and not driver["mismatch"]):
         return []
-    return nvidia.toolkit_changes(
-        source=values["gpunode_toolkit_source"],
-        version=values["gpunode_toolkit_version"],
-        deb_dir=values["gpunode_toolkit_deb_dir"],
-    )
+    return nvidia.toolkit_changes(**_toolkit_arguments(settings))
 
 
-def _downloads(values: dict[str, Any]) -> None:
+def _downloads(settings: Settings) -> None:
     """The driver and toolkit packages the node's turn installs, downloaded before any turn, on every node at
     once; a node whose download fails is failed here and takes no turn."""
     arguments = {
-        key: value for key, value in _driver_arguments(values).items() if key not in ("reboot", "reboot_timeout")
+        key: value for key, value in _driver_arguments(settings).items() if key not in ("reboot", "reboot_timeout")
     }
     nvidia.driver_downloaded(name="NVIDIA driver: packages downloaded before the turns", **arguments)
     nvidia.container_toolkit_downloaded(
-        name="NVIDIA Container Toolkit: packages downloaded before the turns",
-        source=values["gpunode_toolkit_source"],
-        version=values["gpunode_toolkit_version"],
-        deb_dir=values["gpunode_toolkit_deb_dir"],
+        name="NVIDIA Container Toolkit: packages downloaded before the turns", **_toolkit_arguments(settings)
     )
 
 
-def _gpu_steps(values: dict[str, Any], in_turn: bool = False) -> None:
+def _gpu_steps(settings: Settings, in_turn: bool = False) -> None:
     """The driver, then (once it is loaded and matches its userspace) Fabric Manager, the toolkit, CDI.
     ``in_turn``: in the node's rollout turn, installing only what ``_downloads`` put in apt's cache."""
     downloaded = nvidia.downloaded_packages(current_state(), host.name) if in_turn else None
     nvidia.driver(
-        name="NVIDIA driver: installed and held, or preinstalled", downloaded=downloaded, **_driver_arguments(values)
+        name="NVIDIA driver: installed and held, or preinstalled", downloaded=downloaded, **_driver_arguments(settings)
     )
-    ready = partial(_driver_ready, values)
+    ready = partial(_driver_ready, settings)
     driver, found = node_fact(NvidiaDriver), node_fact(GpuOperatorState)
     if driver_from_container(driver, found):
         _report().skipped.append(f"Fabric Manager: the GPU Operator's driver container ({DRIVER_ROOT}) runs it")
     else:
-        nvidia.fabric_manager(name="Fabric Manager: matches the driver", preinstalled=_preinstalled(values), _if=ready)
+        nvidia.fabric_manager(
+            name="Fabric Manager: matches the driver", preinstalled=_preinstalled(settings), _if=ready
+        )
     nvidia.container_toolkit(
         name="NVIDIA Container Toolkit: installed and held",
-        source=values["gpunode_toolkit_source"],
-        version=values["gpunode_toolkit_version"],
-        deb_dir=values["gpunode_toolkit_deb_dir"],
+        **_toolkit_arguments(settings),
         downloaded=downloaded,
         _if=ready,
     )
     cdi.refresh_start_limit(name="CDI refresh: no start limit", _if=ready)
     cdi.spec(
         name="CDI spec: current for the loaded driver",
-        path=values["gpunode_cdi_spec_path"],
-        owner=values["gpunode_cdi_owner"],
+        path=settings.cdi.spec_path,
+        owner=settings.cdi.owner,
         _if=ready,
     )
 
@@ -418,33 +392,34 @@ def gpu_node_prepared() -> None:
     whose host data is refused, or whose containerd a platform owns (k3s, RKE2, k0s, EKS
     nodeadm), fails with the reason before anything runs on it.
     """
-    values, error = _checked_settings()
+    settings, error = _checked_settings()
     kind = node_fact(NodeKind)  # distribution and GPUs, with everything else the steps read
     if distribution.refusal(kind["distribution"]["release_meta"]):
         distribution.supported(name="distribution: supported")  # fails the node before any change
         return
-    if values is None:
+    if settings is None:
         hostdata.accepted(name="host data: accepted", error=error)
         return
-    if _platform_refused() or _operator_refused(values):
+    if _platform_refused() or _operator_refused(settings):
         return
-    kernel.held(name="kernel: held", present=values["gpunode_kernel_hold"])
+    updates = settings.updates
+    kernel.held(name="kernel: held", present=updates.kernel_hold)
     unattended_upgrades.configured(
         name="unattended-upgrades and needrestart: configured",
-        mode=values["gpunode_unattended_upgrades"],
-        blacklist=values["gpunode_unattended_blacklist"],
-        needrestart_keep=values["gpunode_needrestart_keep"],
+        mode=updates.unattended,
+        blacklist=updates.blacklist,
+        needrestart_keep=updates.needrestart_keep,
     )
     kernel.nouveau_blacklisted(name="nouveau: blacklisted")
     if kind["gpus"]["gpus"]:
-        changes = nvidia.driver_changes(**_driver_arguments(values)) + _toolkit_changes(values)
+        changes = nvidia.driver_changes(**_driver_arguments(settings)) + _toolkit_changes(settings)
         if changes:  # in the node's turn, whatever gpunode_containerd_restart says; downloaded before
-            _downloads(values)
+            _downloads(settings)
             turns = _DRIVER_TURNS.setdefault(current_state(), {})
-            turns[host.name] = (changes, partial(_gpu_steps, values, in_turn=True))
+            turns[host.name] = (changes, partial(_gpu_steps, settings, in_turn=True))
         else:
-            _gpu_steps(values)
+            _gpu_steps(settings)
     else:
         _report().skipped.append("driver, Fabric Manager, toolkit, CDI: no NVIDIA GPU")
         logger.info("%sno NVIDIA GPU: driver, Fabric Manager, toolkit and CDI steps skipped", host.print_prefix)
-    nvidia_runtime_registered(values=values)
+    nvidia_runtime_registered(settings=settings)

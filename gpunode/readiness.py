@@ -33,6 +33,7 @@ from pyinfra_gpunode.operator import (
     toolkit_owner,
     under_toolkit_dir,
 )
+from pyinfra_gpunode.settings import CONTAINERD_MODE, RUNTIME_HANDLER
 
 if TYPE_CHECKING:
     from pyinfra_gpunode.facts.readiness import NodeReadinessInfo
@@ -772,7 +773,12 @@ def _versions(facts: NodeReadinessInfo) -> dict[str, str | None]:
 
 
 def assess(
-    node: str, facts: NodeReadinessInfo, binary: str, spec_path: str, handler: str = "nvidia", mode: str = "runtime"
+    node: str,
+    facts: NodeReadinessInfo,
+    binary: str,
+    spec_path: str,
+    handler: str = RUNTIME_HANDLER,
+    mode: str = CONTAINERD_MODE,
 ) -> NodeReadiness:
     """Every link of ``node``'s chain, in order, from the ``NodeReadiness`` fact; ``handler`` is the
     runtime name the cluster's RuntimeClass uses. In NRI mode (``mode`` ``nri``) no nvidia runtime is

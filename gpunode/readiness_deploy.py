@@ -14,7 +14,8 @@ import os
 from pyinfra import host
 from pyinfra.api import deploy
 
-from pyinfra_gpunode.hostdata import HostDataError, validate, world_writable_warnings
+from pyinfra_gpunode.hostdata import HostDataError, world_writable_warnings
+from pyinfra_gpunode.hostdata import settings as settings_of
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import hostdata, readiness
 from pyinfra_gpunode.operations._shared import snapshot_binary
@@ -27,23 +28,23 @@ def node_readiness_reported(fail_not_ready: bool = True) -> None:
     nodes that are not ready fail with their first broken link unless ``fail_not_ready`` is false.
     """
     try:
-        values = validate(host.data.dict())
-        _check_json_path(values["gpunode_readiness_json"])
+        settings = settings_of(host.data.dict())
+        _check_json_path(settings.readiness.json_path)
     except HostDataError as error:
         hostdata.accepted(name="host data: accepted", error=str(error))
         return
-    for warning in world_writable_warnings(values):
+    for warning in world_writable_warnings(settings):
         logger.warning("%s%s", host.print_prefix, warning)
-    snapshot_binary(values["gpunode_nvidia_runtime_binary"])
+    snapshot_binary(settings.runtime.binary)
     readiness.reported(
         name="readiness: every link of the chain",
-        binary=values["gpunode_nvidia_runtime_binary"],
-        cdi_spec_path=values["gpunode_cdi_spec_path"],
-        json_path=values["gpunode_readiness_json"],
+        binary=settings.runtime.binary,
+        cdi_spec_path=settings.cdi.spec_path,
+        json_path=settings.readiness.json_path,
         fail_not_ready=fail_not_ready,
-        cdi_spec_dirs=values["gpunode_cdi_spec_dirs"],
-        handler=values["gpunode_runtime_handler"],
-        mode=values["gpunode_containerd_mode"],
+        cdi_spec_dirs=settings.containerd.cdi_spec_dirs,
+        handler=settings.runtime.handler,
+        mode=settings.containerd.mode,
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any, TypedDict
 
 from pyinfra_gpunode.hostdata import HostDataError, batch_value_problem
 from pyinfra_gpunode.log import shown
+from pyinfra_gpunode.settings import CONTAINERD_RESTART, HOOK_TIMEOUT, RESTART_TIMEOUT, ROLLOUT_BATCH
 
 
 def rollout_order(inventory: Sequence[str], first: Sequence[str]) -> list[str]:
@@ -36,7 +37,7 @@ class RolloutPolicy:
     ``batch`` (``gpunode_rollout_batch``: a number or ``"N%"``), ``canary`` and ``max_failed``."""
 
     order: tuple[str, ...] = ()
-    batch: int | str = 1
+    batch: int | str = ROLLOUT_BATCH
     canary: int = 0
     max_failed: int = 0
 
@@ -252,11 +253,11 @@ def node_settings(nodes: Mapping[str, Mapping[str, Any]], name: str) -> NodeSett
     given = nodes.get(name, {})
     return {
         "runtime": dict(given.get("runtime", {})),
-        "timeout": int(given.get("timeout", 60)),
-        "restart": str(given.get("restart", "rolling")),
+        "timeout": int(given.get("timeout", RESTART_TIMEOUT)),
+        "restart": str(given.get("restart", CONTAINERD_RESTART)),
         "before": list(given.get("before", [])),
         "after": list(given.get("after", [])),
-        "hook_timeout": float(given.get("hook_timeout", 600)),
+        "hook_timeout": float(given.get("hook_timeout", HOOK_TIMEOUT)),
         "driver": list(given.get("driver", [])),
         "steps": given.get("steps"),
     }

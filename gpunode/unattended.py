@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
+from pyinfra_gpunode.settings import UNATTENDED_BLACKLIST
+
 MODES = ("disabled", "blacklist")
-DEFAULT_BLACKLIST = ("linux-", "nvidia-", "libnvidia-", "containerd", "cri-tools")
+DEFAULT_BLACKLIST = UNATTENDED_BLACKLIST
 TIMERS = ("apt-daily-upgrade.timer", "apt-daily.timer")
 SERVICE = "unattended-upgrades.service"
 

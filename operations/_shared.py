@@ -58,11 +58,12 @@ from pyinfra_gpunode.operations._internals import (
     node_changes,
     runs_after_prepare,
 )
+from pyinfra_gpunode.settings import RUNTIME_BINARY
 
 T = TypeVar("T")
 Fact = type[FactBase[Any]]
 
-DEFAULT_BINARY = "/usr/bin/nvidia-container-runtime"
+DEFAULT_BINARY = RUNTIME_BINARY
 
 
 _NOT_HELD = object()  # a part the fact holding it did not read

@@ -27,9 +27,10 @@ from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import node_fact
 from pyinfra_gpunode.operator import DRIVER_ROOT, driver_from_container
+from pyinfra_gpunode.settings import CDI_SPEC_PATH
 from pyinfra_gpunode.toolkit_plan import REFRESH_DROPIN_TEXT, REFRESH_SPEC, cdi_owner
 
-DEFAULT_SPEC = "/etc/cdi/nvidia.yaml"
+DEFAULT_SPEC = CDI_SPEC_PATH
 # Start the toolkit's refresh service and require its spec (shell/cdi-refresh.sh).
 _REFRESH = shell.script(Path(__file__).parent / "shell" / "cdi-refresh.sh")
 

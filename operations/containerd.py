@@ -64,6 +64,7 @@ from pyinfra_gpunode.platform import (
 from pyinfra_gpunode.platform import refusal as platform_refusal
 from pyinfra_gpunode.redaction import redacted
 from pyinfra_gpunode.rollout import TurnMark, parse_turn_mark
+from pyinfra_gpunode.settings import CONTAINERD_MODE, DROPIN_DIR, RESTART_TIMEOUT, RUNTIME_BINARY, RUNTIME_HANDLER
 
 BACKUP_DIR = "/var/lib/pyinfra-gpunode/backup"  # mode 0700: the files can carry registry credentials
 FAILED_DIR = "/var/lib/pyinfra-gpunode/failed"  # mode 0700, like the backups
@@ -137,11 +138,11 @@ def _registration(
     systemd_cgroup: bool | None = None,
     default_runtime: bool = False,
     cdi_spec_dirs: list[str] | None = None,
-    dropin_dir: str = "/etc/containerd/conf.d",
+    dropin_dir: str = DROPIN_DIR,
     binary_required: bool = False,
     enable_cdi: bool | None = None,
-    handler: str = "nvidia",
-    mode: str = "runtime",
+    handler: str = RUNTIME_HANDLER,
+    mode: str = CONTAINERD_MODE,
     enable_nri: bool | None = None,
 ) -> Registration:
     if mode not in MODES:
@@ -402,15 +403,15 @@ def _rancher_registration(info: ContainerdPlatformInfo) -> Registration:
 @operation()
 @locked_before_changes
 def nvidia_runtime(
-    binary: str = "/usr/bin/nvidia-container-runtime",
+    binary: str = RUNTIME_BINARY,
     systemd_cgroup: bool | None = None,
     default_runtime: bool = False,
     cdi_spec_dirs: list[str] | None = None,
-    dropin_dir: str = "/etc/containerd/conf.d",
+    dropin_dir: str = DROPIN_DIR,
     binary_required: bool = False,
     enable_cdi: bool | None = None,
-    handler: str = "nvidia",
-    mode: str = "runtime",
+    handler: str = RUNTIME_HANDLER,
+    mode: str = CONTAINERD_MODE,
     enable_nri: bool | None = None,
 ) -> Generator[Any, Any, None]:
     """
@@ -637,12 +638,12 @@ def _restore(backup: str, roots: list[str], written: list[str], failure: str) ->
 )
 @locked_before_changes
 def restarted_if_pending(
-    timeout: int = 60,
+    timeout: int = RESTART_TIMEOUT,
     backup: str | None = None,
     dropped_runtimes: list[str] | None = None,
     backup_cri_problem: str | None = None,
     resumed: bool = False,
-    mode: str = "runtime",
+    mode: str = CONTAINERD_MODE,
 ) -> Generator[Any, Any, None]:
     """
     Restart containerd when a config file is newer than the running daemon or the unit is not

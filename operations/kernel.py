@@ -15,6 +15,7 @@ from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._atomic import write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import node_fact
+from pyinfra_gpunode.settings import KERNEL_HOLD
 
 NOUVEAU_TEXT = (
     "# Managed by pyinfra-gpunode: the NVIDIA driver owns the GPUs on this node.\n"
@@ -35,7 +36,7 @@ REBOOT_REQUIRED = (
 
 @operation()
 @locked_before_changes
-def held(release: str | None = None, present: bool = True) -> Generator[Any, Any, None]:
+def held(release: str | None = None, present: bool = KERNEL_HOLD) -> Generator[Any, Any, None]:
     """
     Hold the kernel's packages so no newer kernel is installed behind the driver's back.
 

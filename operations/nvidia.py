@@ -53,6 +53,7 @@ from pyinfra_gpunode.operations._internals import current_state, in_a_run
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import node_fact
 from pyinfra_gpunode.operator import DRIVER_ROOT, driver_from_container
+from pyinfra_gpunode.settings import DRIVER_FLAVOR, DRIVER_SOURCE, REBOOT_TIMEOUT, TOOLKIT_SOURCE
 from pyinfra_gpunode.toolkit_plan import (
     ToolkitRequestError,
     check_toolkit,
@@ -170,15 +171,15 @@ def _host_info(facts: NvidiaHostStateInfo) -> HostInfo:
 @operation()
 @locked_before_changes
 def driver(
-    source: str = "auto",
+    source: str = DRIVER_SOURCE,
     branch: str | None = None,
     version: str | None = None,
-    flavor: str = "server",
+    flavor: str = DRIVER_FLAVOR,
     allow_dkms: bool = False,
     mok_enrolled: bool = False,
     reboot: bool = False,
     replace_preinstalled: bool = False,
-    reboot_timeout: int = 600,
+    reboot_timeout: int = REBOOT_TIMEOUT,
     downloaded: dict[str, str] | None = None,
 ) -> Generator[Any, Any, None]:
     """
@@ -297,10 +298,10 @@ def _driver_request(
 @operation()
 @locked_before_changes
 def driver_downloaded(
-    source: str = "auto",
+    source: str = DRIVER_SOURCE,
     branch: str | None = None,
     version: str | None = None,
-    flavor: str = "server",
+    flavor: str = DRIVER_FLAVOR,
     allow_dkms: bool = False,
     mok_enrolled: bool = False,
     replace_preinstalled: bool = False,
@@ -354,15 +355,15 @@ def driver_downloaded(
 
 
 def driver_changes(
-    source: str = "auto",
+    source: str = DRIVER_SOURCE,
     branch: str | None = None,
     version: str | None = None,
-    flavor: str = "server",
+    flavor: str = DRIVER_FLAVOR,
     allow_dkms: bool = False,
     mok_enrolled: bool = False,
     reboot: bool = False,
     replace_preinstalled: bool = False,
-    reboot_timeout: int = 600,
+    reboot_timeout: int = REBOOT_TIMEOUT,
 ) -> list[str]:
     """The disruptive changes ``driver`` would make on this host with the same arguments (reads
     facts, changes nothing): ``driver: install …`` and ``driver: reboot …``; ``[]`` where it would
@@ -573,7 +574,7 @@ def fabric_manager(version: str | None = None, preinstalled: bool = False) -> Ge
 @operation()
 @locked_before_changes
 def container_toolkit(
-    source: str = "auto",
+    source: str = TOOLKIT_SOURCE,
     version: str | None = None,
     deb_dir: str | None = None,
     downloaded: dict[str, str] | None = None,
@@ -666,7 +667,7 @@ def _toolkit_version(downloaded: Mapping[str, str]) -> str | None:
 @operation()
 @locked_before_changes
 def container_toolkit_downloaded(
-    source: str = "auto", version: str | None = None, deb_dir: str | None = None
+    source: str = TOOLKIT_SOURCE, version: str | None = None, deb_dir: str | None = None
 ) -> Generator[Any, Any, None]:
     """
     Download the NVIDIA Container Toolkit packages ``container_toolkit`` would install into apt's cache
@@ -739,7 +740,7 @@ def container_toolkit_downloaded(
     _record(pins)
 
 
-def toolkit_changes(source: str = "auto", version: str | None = None, deb_dir: str | None = None) -> list[str]:
+def toolkit_changes(source: str = TOOLKIT_SOURCE, version: str | None = None, deb_dir: str | None = None) -> list[str]:
     """The disruptive change ``container_toolkit`` would make on this host with the same arguments (reads
     facts, changes nothing): ``toolkit: install …`` where it installs or upgrades the packages, whose
     postinst reloads systemd and (1.18 and later) starts the CDI refresh; ``[]`` where it would only

@@ -30,6 +30,7 @@ from pyinfra_gpunode.platform import (
     rancher_restart_reason,
     refusal,
 )
+from pyinfra_gpunode.settings import RESTART_TIMEOUT
 
 _RESTART_AND_VERIFY = shell.script(Path(__file__).parent / "shell" / "platform-restart.sh")
 # Wait for k0s to restart its containerd after a change in its drop-in directory (shell/k0s-wait.sh).
@@ -78,7 +79,7 @@ def platform_problem() -> str | None:
 
 
 @operation(is_idempotent=False, idempotent_notice="Restarts only while the generated config lacks nvidia.")
-def unit_restarted(timeout: int = 60) -> Generator[Any, Any, None]:
+def unit_restarted(timeout: int = RESTART_TIMEOUT) -> Generator[Any, Any, None]:
     """
     Restart the k3s or RKE2 unit (``k3s``, ``k3s-agent``, ``rke2-server``, ``rke2-agent``) whose
     generated containerd config has no nvidia runtime yet although the agent finds the toolkit's
@@ -118,7 +119,9 @@ def unit_restarted(timeout: int = 60) -> Generator[Any, Any, None]:
     is_idempotent=False, idempotent_notice="Writes, and so restarts k0s' containerd, only while the drop-in differs."
 )
 @locked_before_changes
-def k0s_runtime_applied(timeout: int = 60, runtime: dict[str, Any] | None = None) -> Generator[Any, Any, None]:
+def k0s_runtime_applied(
+    timeout: int = RESTART_TIMEOUT, runtime: dict[str, Any] | None = None
+) -> Generator[Any, Any, None]:
     """
     Register the nvidia runtime on a k0s node with a drop-in in ``/etc/k0s/containerd.d/``
     (``nvidia-gpunode.toml``), which k0s answers by restarting its containerd: the write is the

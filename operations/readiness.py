@@ -21,6 +21,7 @@ from pyinfra_gpunode.operations._shared import node_fact
 from pyinfra_gpunode.platform import platform_containerd
 from pyinfra_gpunode.readiness import NodeReadiness as Report
 from pyinfra_gpunode.readiness import assess, fleet_json, fleet_text, node_text
+from pyinfra_gpunode.settings import CDI_SPEC_PATH, CONTAINERD_MODE, RUNTIME_BINARY, RUNTIME_HANDLER
 
 # Per run (State): node name -> its report, read once (a run that checks for changes first reuses it).
 REPORTS: weakref.WeakKeyDictionary[State, dict[str, Report]] = weakref.WeakKeyDictionary()
@@ -29,13 +30,13 @@ _PRINTED: weakref.WeakSet[State] = weakref.WeakSet()
 
 @operation()
 def reported(
-    binary: str = "/usr/bin/nvidia-container-runtime",
-    cdi_spec_path: str = "/etc/cdi/nvidia.yaml",
+    binary: str = RUNTIME_BINARY,
+    cdi_spec_path: str = CDI_SPEC_PATH,
     json_path: str | None = None,
     fail_not_ready: bool = True,
     cdi_spec_dirs: list[str] | None = None,
-    handler: str = "nvidia",
-    mode: str = "runtime",
+    handler: str = RUNTIME_HANDLER,
+    mode: str = CONTAINERD_MODE,
 ) -> Generator[Any, Any, None]:
     """
     Read the node's readiness chain in one command, changing nothing, and report it: once every

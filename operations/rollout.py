@@ -52,6 +52,7 @@ from pyinfra_gpunode.rollout import (
     turn_mark_text,
     unit_problem,
 )
+from pyinfra_gpunode.settings import ROLLOUT_BATCH
 
 # Per run (State): node name -> "done", "unchanged", "failed: <reason>" or "halted: <reason>".
 OUTCOMES: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
@@ -113,7 +114,7 @@ def node_unlocked() -> Generator[Any, Any, None]:
 def nvidia_runtime_rolled_out(
     order: list[str],
     nodes: dict[str, NodeSettings] | None = None,
-    batch: int | str = 1,
+    batch: int | str = ROLLOUT_BATCH,
     canary: int = 0,
     max_failed: int = 0,
 ) -> Generator[Any, Any, None]:

@@ -13,6 +13,7 @@ from pyinfra_gpunode.needrestart import DEFAULT_KEEP, render_needrestart_conf
 from pyinfra_gpunode.operations._atomic import write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._shared import node_fact
+from pyinfra_gpunode.settings import UNATTENDED_MODE
 from pyinfra_gpunode.unattended import DEFAULT_BLACKLIST, MODES, SERVICE, TIMERS, render_apt_conf
 
 
@@ -28,7 +29,7 @@ def _systemctl(persist: str, now: str, units: list[str]) -> StringCommand:
 @operation()
 @locked_before_changes
 def configured(
-    mode: str = "disabled",
+    mode: str = UNATTENDED_MODE,
     blacklist: Sequence[str] = DEFAULT_BLACKLIST,
     needrestart_keep: Sequence[str] = DEFAULT_KEEP,
 ) -> Generator[Any, Any, None]:

@@ -13,7 +13,7 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdService,
     cri_address,
 )
-from pyinfra_gpunode.hostdata import validate
+from pyinfra_gpunode.hostdata import settings as settings_of
 
 from .facts import read_fact
 from .inventory import Node
@@ -38,8 +38,8 @@ def test_nvidia_runtime_in_merged_config(node: Node) -> None:
     """The nvidia runtime as host data asks; in NRI mode NRI and CDI on instead (no runtime asked for)."""
     merged = _merged(node)
     summary = merged["summary"]
-    settings = validate(node.data)
-    if settings["gpunode_containerd_mode"] == "nri":
+    settings = settings_of(node.data)
+    if settings.containerd.mode == "nri":
         on, why = nri_state(merged["dump"])
         assert on, f"NRI mode: NRI is not on in `containerd config dump`: {why}"
         assert summary["enable_cdi"] is True, f"NRI mode: enable_cdi is {summary['enable_cdi']!r} in the merged config"
@@ -47,9 +47,9 @@ def test_nvidia_runtime_in_merged_config(node: Node) -> None:
     nvidia = summary["runtimes"].get("nvidia")
     assert nvidia is not None, f"no nvidia runtime in `containerd config dump` (runtimes: {list(summary['runtimes'])})"
     assert nvidia["runtime_type"] == "io.containerd.runc.v2"
-    assert nvidia["BinaryName"] == settings["gpunode_nvidia_runtime_binary"]
-    if settings["gpunode_nvidia_systemd_cgroup"] is not None:
-        assert nvidia["SystemdCgroup"] == settings["gpunode_nvidia_systemd_cgroup"]
+    assert nvidia["BinaryName"] == settings.runtime.binary
+    if settings.runtime.systemd_cgroup is not None:
+        assert nvidia["SystemdCgroup"] == settings.runtime.systemd_cgroup
 
 
 def test_default_runtime_is_defined(node: Node) -> None:
@@ -57,7 +57,7 @@ def test_default_runtime_is_defined(node: Node) -> None:
     assert summary["default_runtime_present"], (
         f"default runtime {summary['default_runtime_name']!r} is not among {list(summary['runtimes'])}"
     )
-    if validate(node.data)["gpunode_nvidia_default_runtime"]:
+    if settings_of(node.data).runtime.default_runtime:
         assert summary["default_runtime_name"] == "nvidia"
 
 
@@ -71,7 +71,7 @@ def test_running_daemon_loaded_nvidia_runtime(node: Node) -> None:
     service = read_fact(node, ContainerdService)
     loaded = read_fact(node, ContainerdCriLoaded, address=address) or ContainerdCriLoaded.default()
     assert service is not None, "systemd does not answer"
-    nri = validate(node.data)["gpunode_containerd_mode"] == "nri"  # NRI mode: no nvidia runtime asked for
+    nri = settings_of(node.data).containerd.mode == "nri"  # NRI mode: no nvidia runtime asked for
     expected = expected_after_restart(dump["summary"], loaded, runtime_expected=not nri)
     problem = restart_problem(service["active_state"], service["result"], loaded, expected)
     assert problem is None, f"the running containerd: {problem} (read from {loaded['source'] or 'nothing'})"

@@ -13,7 +13,7 @@ from pyinfra_gpunode.driver_versions import same_driver
 from pyinfra_gpunode.facts.cdi import CdiRefreshUnits, CdiSpecs, missing_devices, refresh_installed
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaFabricManager, NvidiaGpus, NvmlInfo
 from pyinfra_gpunode.facts.operator import GpuOperatorState
-from pyinfra_gpunode.hostdata import validate
+from pyinfra_gpunode.hostdata import settings as settings_of
 from pyinfra_gpunode.operator import driver_from_container
 from pyinfra_gpunode.toolkit_plan import REFRESH_SPEC, cdi_owner
 
@@ -66,18 +66,18 @@ def test_fabric_manager_active_on_nvswitch_nodes(node: Node) -> None:
 
 def test_toolkit_runtime_binary_present(node: Node) -> None:
     gpu_count(node)
-    binary = validate(node.data)["gpunode_nvidia_runtime_binary"]
+    binary = settings_of(node.data).runtime.binary
     assert node.host.run(f"test -x {shlex.quote(binary)}").rc == 0, f"{binary} is missing or not executable"
 
 
 def test_cdi_spec_current_and_lists_every_gpu(node: Node) -> None:
     count = gpu_count(node)
     loaded = _loaded_driver(node)
-    values = validate(node.data)
+    cdi = settings_of(node.data).cdi
     units = refresh_installed(read_fact(node, CdiRefreshUnits))
     container = units and driver_from_container(read_fact(node, NvidiaDriver), read_fact(node, GpuOperatorState))
-    owner, _ = cdi_owner(values["gpunode_cdi_owner"], units, container)
-    path = REFRESH_SPEC if owner == "refresh" else values["gpunode_cdi_spec_path"]  # the spec its owner writes
+    owner, _ = cdi_owner(cdi.owner, units, container)
+    path = REFRESH_SPEC if owner == "refresh" else cdi.spec_path  # the spec its owner writes
     spec = {item["path"]: item for item in read_fact(node, CdiSpecs)}.get(path)
     assert spec is not None, f"no CDI spec at {path}"
     assert spec["error"] is None, spec["error"]
