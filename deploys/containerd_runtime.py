@@ -4,6 +4,6 @@ pyinfra -y INVENTORY deploys/containerd_runtime.py
 pyinfra -y @chroot/<dir> deploys/containerd_runtime.py --data gpunode_containerd_restart=none
 """
 
-from pyinfra_gpunode.pipeline import nvidia_runtime_registered
+from pyinfra_gpunode.pipelines.gpu_node import nvidia_runtime_registered
 
 nvidia_runtime_registered()

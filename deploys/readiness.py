@@ -5,6 +5,6 @@ pyinfra -y INVENTORY deploys/readiness.py --data gpunode_readiness_json=readines
 python -m pyinfra_gpunode.readiness_status readiness.json    # 0 ready, 1 a node not ready, 2 a node not read
 """
 
-from pyinfra_gpunode.readiness_deploy import node_readiness_reported
+from pyinfra_gpunode.pipelines.readiness import node_readiness_reported
 
 node_readiness_reported()

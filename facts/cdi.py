@@ -14,8 +14,8 @@ from pyinfra.api import FactBase
 from typing_extensions import override
 
 from pyinfra_gpunode import shell
+from pyinfra_gpunode.cdi_checks import SPEC_DIRS, CdiSpec
 
-SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 DEVICE_PLUGIN_SPEC = "k8s.device-plugin.nvidia.com-gpu.json"
 MARKER = "@@gpunode-cdi-spec"
 TOO_LARGE = "@@gpunode-cdi-spec-too-large"
@@ -168,21 +168,6 @@ def _load(path: str, text: str, limits: YamlLimits = LIMITS) -> tuple[dict[str, 
     return document, None
 
 
-class CdiSpec(TypedDict):
-    """One CDI spec as ``CdiSpecs`` returns it."""
-
-    path: str
-    cdi_version: str | None
-    kind: str | None
-    devices: list[str]
-    driver_version: str | None
-    driver_versions: list[str]
-    device_nodes: list[str]
-    device_plugin: bool
-    mtime: int | None
-    error: str | None
-
-
 def parse_spec(path: str, mtime: int | None, text: str, limits: YamlLimits = LIMITS) -> CdiSpec:
     """Summarise one CDI spec (YAML or JSON): its kind, device names in file order, the driver it was made for.
 
@@ -213,12 +198,6 @@ def spec_dirs(dirs: list[str] | None) -> list[str]:
     """The directories read: ``/etc/cdi``, ``/var/run/cdi``, then any others of ``dirs`` (containerd's
     ``cdi_spec_dirs``), each once."""
     return list(dict.fromkeys([*SPEC_DIRS, *(dirs or [])]))
-
-
-def missing_devices(spec: CdiSpec, gpu_count: int) -> list[str]:
-    """Device names a spec must list for a node with ``gpu_count`` GPUs (each index and ``all``) but does not."""
-    wanted = [str(index) for index in range(gpu_count)] + ["all"]
-    return [name for name in wanted if name not in spec["devices"]]
 
 
 class CdiSpecs(FactBase[list[CdiSpec]]):

@@ -6,17 +6,40 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 from pyinfra_gpunode.driver_versions import same_driver
-from pyinfra_gpunode.facts.cdi import SPEC_DIRS, CdiSpec
 from pyinfra_gpunode.versions import ContainerdVersionInfo
 
+# Where CDI specs are read from, in containerd's default order (the later wins for a device defined twice).
+SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 # The oldest containerd that reads each cdiVersion (the CDI library it vendors); older formats are
 # read by every containerd with CDI (1.7+).
 CONTAINERD_FOR_CDI_VERSION: dict[tuple[int, int, int], tuple[int, int, int]] = {(0, 7, 0): (1, 7, 16)}
 # Device nodes the readiness fact lists; others are not checked.
 CHECKED_DEVICE_DIRS = ("/dev/nvidia", "/dev/dri/")
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)\Z")
+
+
+class CdiSpec(TypedDict):
+    """One CDI spec as ``CdiSpecs`` returns it."""
+
+    path: str
+    cdi_version: str | None
+    kind: str | None
+    devices: list[str]
+    driver_version: str | None
+    driver_versions: list[str]
+    device_nodes: list[str]
+    device_plugin: bool
+    mtime: int | None
+    error: str | None
+
+
+def missing_devices(spec: CdiSpec, gpu_count: int) -> list[str]:
+    """Device names a spec must list for a node with ``gpu_count`` GPUs (each index and ``all``) but does not."""
+    wanted = [str(index) for index in range(gpu_count)] + ["all"]
+    return [name for name in wanted if name not in spec["devices"]]
 
 
 @dataclass(frozen=True)

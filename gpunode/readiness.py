@@ -14,11 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pyinfra_gpunode.cdi_checks import priority_dirs, untrue_specs
+from pyinfra_gpunode.cdi_checks import missing_devices, priority_dirs, untrue_specs
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, RUNTIME
 from pyinfra_gpunode.containerd_dump import nri_state
 from pyinfra_gpunode.driver_versions import same_driver, upstream_version
-from pyinfra_gpunode.facts.cdi import missing_devices
 from pyinfra_gpunode.operator import (
     DRIVER_ROOT,
     OPERATOR,

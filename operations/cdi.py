@@ -10,14 +10,13 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from pyinfra_gpunode import shell
+from pyinfra_gpunode.cdi_checks import CdiSpec, missing_devices
 from pyinfra_gpunode.driver_versions import same_driver
 from pyinfra_gpunode.facts.cdi import (
     REFRESH_DROPIN,
     REFRESH_SERVICE,
     CdiRefreshUnits,
-    CdiSpec,
     CdiSpecs,
-    missing_devices,
     refresh_installed,
 )
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaGpus

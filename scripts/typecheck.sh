@@ -14,11 +14,11 @@ trap 'rm -rf "$tree"' EXIT
 pkg=$tree/pyinfra_gpunode
 mkdir "$pkg"
 ln -s "$root"/gpunode/*.py "$root"/gpunode/py.typed "$pkg"/
-for sub in facts operations verify templates; do
+for sub in facts operations pipelines verify templates; do
     ln -s "$root/$sub" "$pkg/$sub"
 done
 # mypy names the linked paths; the sed names the checkout's files instead.
 cd "$tree"
 MYPYPATH=$tree "$here/.venv/bin/mypy" --config-file "$root/pyproject.toml" --cache-dir "$here/.mypy_cache" \
     -p pyinfra_gpunode \
-    | sed -E -e 's#^pyinfra_gpunode/(facts|operations|verify|templates)/#\1/#' -e 's#^pyinfra_gpunode/#gpunode/#'
+    | sed -E -e 's#^pyinfra_gpunode/(facts|operations|pipelines|verify|templates)/#\1/#' -e 's#^pyinfra_gpunode/#gpunode/#'

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from pyinfra_gpunode.cdi_checks import missing_devices
 from pyinfra_gpunode.driver_versions import same_driver
-from pyinfra_gpunode.facts.cdi import CdiRefreshUnits, CdiSpecs, missing_devices, refresh_installed
+from pyinfra_gpunode.facts.cdi import CdiRefreshUnits, CdiSpecs, refresh_installed
 from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaFabricManager, NvidiaGpus, NvmlInfo
 from pyinfra_gpunode.facts.operator import GpuOperatorState
 from pyinfra_gpunode.hostdata import settings as settings_of

@@ -22,7 +22,7 @@ from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 
-from pyinfra_gpunode.pipeline import gpu_node_prepared
+from pyinfra_gpunode.pipelines.gpu_node import gpu_node_prepared
 from tests import cli
 from tests.fleet.fleet import Fleet
 from tests.realbin.scenarios import CONFD, CONFIG, IMPORTS, registry, toolkit_dropin

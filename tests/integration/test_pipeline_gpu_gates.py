@@ -32,7 +32,7 @@ from pyinfra_gpunode.facts.readiness import PART as READINESS_PART
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
 from pyinfra_gpunode.operations.kernel import NOUVEAU_CONF
 from pyinfra_gpunode.operations.rollout import REPORTS
-from pyinfra_gpunode.pipeline import _DRIVER_TURNS, gpu_node_prepared
+from pyinfra_gpunode.pipelines.gpu_node import _DRIVER_TURNS, gpu_node_prepared
 from tests.integration.summary import summary_rows
 
 TESTS = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from pyinfra_gpunode.facts.node import PART as NODE_PART
 from pyinfra_gpunode.facts.node import NodeSnapshot
 from pyinfra_gpunode.facts.readiness import PART, NodeReadiness
 from pyinfra_gpunode.operations.readiness import REPORTS
-from pyinfra_gpunode.readiness_deploy import node_readiness_reported
+from pyinfra_gpunode.pipelines.readiness import node_readiness_reported
 
 TESTS = Path(__file__).resolve().parents[1]
 RUNTIME = "/usr/bin/nvidia-container-runtime"

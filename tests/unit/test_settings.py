@@ -13,7 +13,7 @@ from pyinfra.context import ctx_host, ctx_state
 
 from pyinfra_gpunode import settings as defaults
 from pyinfra_gpunode.hostdata import KEYS, HostDataError, rollout_settings, settings, validate, world_writable_warnings
-from pyinfra_gpunode.pipeline import _rollout_policy, _runtime, host_settings
+from pyinfra_gpunode.pipelines.gpu_node import _rollout_policy, _runtime, host_settings
 from pyinfra_gpunode.rollout import RolloutPolicy
 from pyinfra_gpunode.settings import (
     GROUPS,
