@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyinfra_gpunode.settings import (
+    GROUPS,
     RUN_WIDE_KEYS,
     RolloutSettings,
     Settings,
     default_of,
     from_values,
     group_from,
+    keys_of,
     to_values,
 )
 
@@ -498,10 +500,20 @@ def _from_command_line(key: Key, value: Any) -> Any:
 
 
 def markdown_table() -> str:
-    """The README's host-data table."""
-    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for key in KEYS.values():
-        default = "null" if key.default is None else repr(key.default).replace("'", '"').replace("False", "false")
-        default = default.replace("True", "true")
-        rows.append(f"| `{key.name}` | {key.kind} | `{default}` | {key.doc} |")
-    return "\n".join(rows)
+    """The README's host-data tables, one per settings group (``settings.GROUPS``), keys in table order."""
+    parts = []
+    for name, group in GROUPS.items():
+        keys = keys_of(group)
+        summary = " ".join((group.__doc__ or "").split()).replace("``", "`")
+        rows = [
+            f"**{name}** (`Settings.{name}`): {summary}",
+            "",
+            "| key | type | default | meaning |",
+            "|---|---|---|---|",
+        ]
+        for key in (key for key in KEYS.values() if key.name in keys):
+            default = "null" if key.default is None else repr(key.default).replace("'", '"').replace("False", "false")
+            default = default.replace("True", "true")
+            rows.append(f"| `{key.name}` | {key.kind} | `{default}` | {key.doc} |")
+        parts.append("\n".join(rows))
+    return "\n\n".join(parts)

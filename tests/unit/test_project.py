@@ -60,6 +60,8 @@ def test_readme_host_data_table_matches_the_keys() -> None:
     readme = (REPO / "README.md").read_text()
     table = readme.split("<!-- host-data table", 1)[1].split("-->", 1)[1].split("<!-- end host-data table -->")[0]
     assert table.strip() == markdown_table()
+    rows = [line for line in table.splitlines() if line.startswith("| `gpunode_")]
+    assert sorted(row.split("`")[1] for row in rows) == sorted(KEYS), "each key in exactly one group's table"
 
 
 def test_host_data_defaults_are_valid_and_bad_values_are_named() -> None:
