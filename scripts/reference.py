@@ -20,7 +20,10 @@ from pyinfra.api import FactBase
 from pyinfra_gpunode import hostdata
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
-OPERATION_MODULES = (
+ROOT = REFERENCE.parents[1]
+# The order subjects appear in, for operations and facts alike (the order a deploy meets them).
+SUBJECTS = (
+    "node",
     "distribution",
     "hostdata",
     "kernel",
@@ -29,22 +32,21 @@ OPERATION_MODULES = (
     "cdi",
     "containerd",
     "platform",
+    "k0s",
     "operator",
     "rollout",
     "readiness",
 )
-FACT_MODULES = (
-    "node",
-    "kernel",
-    "unattended_upgrades",
-    "nvidia",
-    "cdi",
-    "containerd",
-    "platform",
-    "k0s",
-    "operator",
-    "readiness",
-)
+
+
+def modules(folder: str) -> list[str]:
+    """The public modules of ``folder`` (``operations`` or ``facts``) in ``SUBJECTS`` order; one that
+    ``SUBJECTS`` does not name stops the render, so the reference never leaves a module out."""
+    found = {path.stem for path in (ROOT / folder).glob("*.py") if not path.stem.startswith("_")}
+    unlisted = found.difference(SUBJECTS)
+    if unlisted:
+        raise SystemExit(f"scripts/reference.py: add {sorted(unlisted)} ({folder}/) to SUBJECTS")
+    return [name for name in SUBJECTS if name in found]
 
 
 def render() -> str:
@@ -56,12 +58,12 @@ def render() -> str:
         "## Operations",
         "",
     ]
-    for name in OPERATION_MODULES:
+    for name in modules("operations"):
         module = importlib.import_module(f"pyinfra_gpunode.operations.{name}")
         entries = [(attr, value) for attr, value in _own(module) if hasattr(value, "_inner")]
         parts += _section(f"pyinfra_gpunode.operations.{name}", entries, lambda op: op._inner)
     parts += ["## Facts", ""]
-    for name in FACT_MODULES:
+    for name in modules("facts"):
         module = importlib.import_module(f"pyinfra_gpunode.facts.{name}")
         entries = [
             (attr, value)

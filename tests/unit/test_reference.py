@@ -6,6 +6,8 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -26,9 +28,17 @@ def test_reference_is_generated_from_the_code() -> None:
 
 def test_reference_lists_every_operation_and_fact_module() -> None:
     generator = _generator()
-    for folder, listed in (("operations", generator.OPERATION_MODULES), ("facts", generator.FACT_MODULES)):
+    for folder in ("operations", "facts"):
         modules = {path.stem for path in (REPO / folder).glob("*.py") if not path.stem.startswith("_")}
+        listed = generator.modules(folder)
         assert modules == set(listed), f"scripts/reference.py lists {folder} modules {sorted(listed)}"
+
+
+def test_a_module_the_reference_does_not_name_stops_the_render(monkeypatch: pytest.MonkeyPatch) -> None:
+    generator = _generator()
+    monkeypatch.setattr(generator, "SUBJECTS", tuple(name for name in generator.SUBJECTS if name != "k0s"))
+    with pytest.raises(SystemExit, match=r"add \['k0s'\] \(facts/\) to SUBJECTS"):
+        generator.render()
 
 
 def test_reference_names_each_operations_arguments() -> None:
