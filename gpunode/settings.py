@@ -1,14 +1,14 @@
 """Host data as typed settings, grouped by subject, and every key's default written once (no I/O).
 
 ``hostdata.KEYS`` takes its defaults from the constants here, and so do the operations' keyword
-arguments; each field of a group names the host-data key it comes from (``key_of``).
+arguments; each field of a group names the host-data key it comes from (``keys_of``).
 ``hostdata.settings(data)`` validates host data and builds ``Settings`` from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 # The defaults of the host-data keys (and of the operations' arguments standing for them).
@@ -169,18 +169,10 @@ def keys_of(group: type[Any]) -> dict[str, str]:
     return {item.metadata[_KEY]: item.name for item in fields(group)}
 
 
-def key_of(group: type[Any], name: str) -> str:
-    """The host-data key field ``name`` of ``group`` comes from."""
-    return next(key for key, field_name in keys_of(group).items() if field_name == name)
-
-
 def default_of(key: str) -> Any:
     """The default of host-data key ``key`` (a fresh list for a list), as its field has it."""
-    for group in GROUPS.values():
-        for item in fields(group):
-            if item.metadata[_KEY] == key:
-                return item.default_factory() if callable(item.default_factory) else item.default
-    raise KeyError(key)
+    item = _FIELDS[key]
+    return item.default_factory() if callable(item.default_factory) else item.default
 
 
 def group_from(group: type[Any], values: Mapping[str, Any]) -> Any:
@@ -202,4 +194,6 @@ def to_values(settings: Settings) -> dict[str, Any]:
     return values
 
 
+# Every key's field, looked up once: ``default_of`` runs for each key of each host's validation.
+_FIELDS: dict[str, Field[Any]] = {item.metadata[_KEY]: item for group in GROUPS.values() for item in fields(group)}
 RUN_WIDE_KEYS: Sequence[str] = tuple(keys_of(RolloutSettings))

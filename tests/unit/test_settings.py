@@ -20,7 +20,7 @@ from pyinfra_gpunode.settings import (
     RolloutSettings,
     Settings,
     from_values,
-    key_of,
+    keys_of,
     to_values,
 )
 
@@ -81,7 +81,7 @@ def test_every_key_is_one_field_and_every_field_one_key() -> None:
     assert len(fields) == len(KEYS)
     for key, (path, _) in NOT_DEFAULT.items():
         group, name = path.split(".")
-        assert key_of(GROUPS[group], name) == key
+        assert keys_of(GROUPS[group])[key] == name
 
 
 def test_each_group_holds_its_keys_values() -> None:
