@@ -92,8 +92,6 @@ def _make_base_image(state: HostState, root: Path) -> None:
     write_hosts_file(state.identity, root, state.name, ARCHIVE_ADDRESS)
     view = d / "image-source"
     view.mkdir(exist_ok=True)
-    if is_mounted(view):  # left by a boot that was cut off
-        subprocess.run(["umount", str(view)], check=True)
     subprocess.run(
         ["mount", "-t", "overlay", "overlay", "-o", f"ro,lowerdir={state.identity}:{root}", str(view)],
         check=True,

@@ -13,7 +13,7 @@ import pytest
 
 from tests.fleet import Fleet, HostSpec
 from tests.fleet.cgroups import host_cgroups
-from tests.fleet.nspawn import netns_name
+from tests.fleet.nspawn import is_mounted, netns_name, unmount_all_under
 from tests.fleet.plugin import Verify, require_fleet
 from tests.fleet.processes import is_running
 from tests.fleet.state import HostState
@@ -203,3 +203,23 @@ def _processes_mentioning(text: str) -> list[str]:
         if text in cmdline and state != "Z":
             found.append(cmdline)
     return found
+
+
+def test_removal_unmounts_what_an_interrupted_boot_left(tmp_path: Path) -> None:
+    """A host's directory with mounts left inside (nested, one under a name with a space) is unmounted
+    deepest first, so ``rm -rf --one-file-system`` can remove it; a mount beside it is left alone."""
+    require_fleet()
+    host, beside = tmp_path / "vm1", tmp_path / "vm1-other"
+    points = [host / "image source", host / "image source" / "inner", host / "merged", beside]
+    try:
+        for point in points:
+            point.mkdir(parents=True)
+            subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(point)], check=True)
+        unmount_all_under(host)
+        assert [is_mounted(point) for point in points] == [False, False, False, True]
+        subprocess.run(["rm", "-rf", "--one-file-system", str(host)], check=True)
+        assert not host.exists()
+    finally:
+        for point in reversed(points):
+            if is_mounted(point):
+                subprocess.run(["umount", str(point)], check=True)
