@@ -19,8 +19,8 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
+if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/pip ]; then
+    python3 -m venv --clear .venv  # also mends a venv whose creation was cut off before pip
 fi
 if ! .venv/bin/python -c 'import pyinfra_gpunode, pyinfra_testing' 2>/dev/null \
    || [ pyproject.toml -nt .venv/.installed ]; then
