@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyinfra_gpunode.cdi_checks import missing_devices, priority_dirs, untrue_specs
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, RUNTIME
-from pyinfra_gpunode.containerd_dump import nri_state
+from pyinfra_gpunode.containerd_dump import CTR, nri_state
 from pyinfra_gpunode.driver_versions import same_driver, upstream_version
 from pyinfra_gpunode.operator import (
     DRIVER_ROOT,
@@ -488,7 +488,10 @@ def _operator(facts: NodeReadinessInfo) -> Mapping[str, Any]:
 
 
 def _writers(facts: NodeReadinessInfo, handler: str) -> list[Any]:
-    return runtime_writers(config_texts(facts["containerd"]["files"], _operator(facts)), handler, _operator(facts))
+    containerd, operator = facts["containerd"], _operator(facts)
+    return runtime_writers(
+        config_texts(containerd["files"], operator), handler, operator, containerd["platform"]["name"]
+    )
 
 
 def _owners(facts: NodeReadinessInfo, handler: str) -> Link:
@@ -619,6 +622,8 @@ def _containerd_running(facts: NodeReadinessInfo, nri: bool = False) -> Link:
         return make(OK, f"PID {service['main_pid']}: runtimes {', '.join(cri['runtimes'])}{note}")
     summary = state["dump"]["summary"] if state["dump"] else None
     in_files = bool(summary and RUNTIME in summary["runtimes"])
+    if cri["source"] == CTR and in_files:
+        return _running_unlogged(make, service, pending, _newer_files(state) if pending else [], unit)
     if in_files and pending:
         newer = _newer_files(state)
         return make(
@@ -639,6 +644,27 @@ def _containerd_running(facts: NodeReadinessInfo, nri: bool = False) -> Link:
         BROKEN, f"PID {service['main_pid']}: no nvidia runtime",
         cause="neither the merged config nor the running daemon has the nvidia runtime",
         fix=f"register it: {RUNTIME_DEPLOY}",
+    )  # fmt: skip
+
+
+def _running_unlogged(
+    make: Callable[..., Link], service: Mapping[str, Any], pending: bool, newer: list[str], unit: str
+) -> Link:
+    """The CRI plugin is up (``ctr plugins ls``) but containerd logs no start line at its log level, so which
+    runtimes it loaded is not known: the merged config has nvidia; with no file newer than the daemon, the
+    daemon started on that config."""
+    pid = service["main_pid"]
+    if not pending:
+        return make(
+            OK, f"PID {pid}: CRI plugin loaded; the merged config has nvidia and no file is newer than the daemon "
+            "(its log level hides the runtimes it loaded)",
+        )  # fmt: skip
+    return make(
+        BROKEN, f"PID {pid}: restart pending",
+        cause=f"restart pending: {', '.join(newer) or 'a config file'} changed after containerd (PID {pid}) "
+        "started, and at its log level it logs no CRI start line, so whether the running daemon has the nvidia "
+        "runtime of the merged config is not known",
+        fix=f"restart it one node at a time: {RUNTIME_DEPLOY} (or `systemctl restart {unit}`)",
     )  # fmt: skip
 
 

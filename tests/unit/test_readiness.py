@@ -293,6 +293,33 @@ def test_nvidia_runtime_in_the_files_but_not_in_the_running_daemon_is_a_pending_
     assert "runtimes runc without nvidia" in cause and "systemctl restart containerd" in fix
 
 
+@pytest.mark.parametrize("pending", [False, True])
+def test_a_daemon_that_logs_no_cri_start_line_is_judged_by_the_merged_config(pending: bool) -> None:
+    # containerd at log level warn: ctr says the CRI plugin is ok, and nothing says which runtimes it loaded.
+    facts = healthy()
+    files = {CONFIG: "version = 2\n" + IMPORTS, f"{CONFD}/99-nvidia.toml": toolkit_dropin()}
+    facts["containerd"] = _containerd(files, ["nvidia", "runc"], restart_pending=pending)
+    facts["cri"] = fixture("containerd.ContainerdCriLoaded/warn_level_ctr_ok_1_7")
+    link = next(link for link in assess("gpu1", facts, BINARY, SPEC).links if link.id == "containerd_running")
+    if not pending:
+        assert link.state == OK, link
+        assert "the merged config has nvidia and no file is newer than the daemon" in link.detail
+        return
+    assert link.state == BROKEN and link.cause and link.fix
+    assert link.cause.startswith("restart pending: /etc/containerd/config.toml, /etc/containerd/conf.d/99-nvidia.toml")
+    assert "is not known" in link.cause and "without nvidia" not in link.cause
+
+
+def test_a_daemon_that_logs_no_cri_start_line_and_no_file_with_nvidia() -> None:
+    facts = healthy()
+    facts["containerd"] = _containerd({CONFIG: "version = 2\n" + IMPORTS}, ["runc"])
+    facts["cri"] = fixture("containerd.ContainerdCriLoaded/warn_level_ctr_ok_1_7")
+    link = next(link for link in assess("gpu1", facts, BINARY, SPEC).links if link.id == "containerd_running")
+    assert (
+        link.state == BROKEN and link.cause == "neither the merged config nor the running daemon has the nvidia runtime"
+    )
+
+
 def test_cri_plugin_failed_to_load_quotes_its_error_line() -> None:
     facts = healthy()
     facts["cri"] = fixture("containerd.ContainerdCriLoaded/failed_no_runc_1_7")
