@@ -19,6 +19,8 @@ from typing import Any
 
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, OUR_DROPIN, RUNTIME
 from pyinfra_gpunode.driver_versions import version_from_library
+from pyinfra_gpunode.k0s import DROPIN as K0S_DROPIN
+from pyinfra_gpunode.platform import GENERATED, NAMES
 
 TOOLKIT_DIR = "/usr/local/nvidia/toolkit"
 OPERATOR_DROPIN = "/etc/containerd/conf.d/99-nvidia.toml"
@@ -37,7 +39,7 @@ class RuntimeWriter:
 
     path: str
     binary: str | None
-    writer: str  # GPUNODE, OPERATOR or USER
+    writer: str  # GPUNODE, OPERATOR, USER, or the platform that generates the file (k3s, RKE2, k0s)
 
     def describe(self) -> str:
         return f"{self.path} ({self.writer}, BinaryName {self.binary or 'unset'})"
@@ -70,28 +72,35 @@ def defined_runtime(text: str, name: str) -> tuple[bool, str | None]:
     return False, None
 
 
-def writer_of(path: str, binary: str | None, toolkit_installed: bool) -> str:
-    """Who wrote a file defining the nvidia runtime: this project's drop-in; the operator's toolkit
-    (a BinaryName under its directory, or its drop-in path while its binaries are installed;
-    ``nvidia-ctk runtime configure`` writes the same path for a toolkit on the host); else a user."""
-    if path == OUR_DROPIN:
+def writer_of(path: str, binary: str | None, toolkit_installed: bool, platform: str | None = None) -> str:
+    """Who wrote a file defining the nvidia runtime: this project's drop-in (``/etc/containerd`` or k0s'); the
+    operator's toolkit (a BinaryName under its directory, or its drop-in path while its binaries are
+    installed; ``nvidia-ctk runtime configure`` writes the same path for a toolkit on the host); the platform
+    that owns containerd (``ContainerdPlatformInfo``'s ``name``) for the config it generates; else a user."""
+    if path in (OUR_DROPIN, K0S_DROPIN):
         return GPUNODE
     if under_toolkit_dir(binary) or (path == OPERATOR_DROPIN and toolkit_installed):
         return OPERATOR
+    if platform in GENERATED and path == GENERATED[platform]:
+        return NAMES[platform]
     return USER
 
 
 def runtime_writers(
-    texts: Mapping[str, str], name: str = RUNTIME, operator: Mapping[str, Any] | None = None
+    texts: Mapping[str, str],
+    name: str = RUNTIME,
+    operator: Mapping[str, Any] | None = None,
+    platform: str | None = None,
 ) -> list[RuntimeWriter]:
     """Every file of ``texts`` (path -> text, in load order) that defines runtime ``name``;
-    ``operator``: the ``GpuOperatorState`` fact (whether its toolkit binaries are installed)."""
+    ``operator``: the ``GpuOperatorState`` fact (whether its toolkit binaries are installed); ``platform``:
+    the platform that owns containerd, if any (its generated config is its own)."""
     installed = bool(operator and operator.get("toolkit_binaries"))
     writers = []
     for path, text in texts.items():
         defines, binary = defined_runtime(text, name)
         if defines:
-            writers.append(RuntimeWriter(path, binary, writer_of(path, binary, installed)))
+            writers.append(RuntimeWriter(path, binary, writer_of(path, binary, installed, platform)))
     return writers
 
 

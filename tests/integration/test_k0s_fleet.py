@@ -182,6 +182,7 @@ def test_the_drop_in_is_written_in_the_turn_verified_kept_and_rolled_back(fleet:
     links = readiness_links(fleet, tmp_path / "readiness.json")
     assert links["containerd_config"].startswith("ok: containerd 2.1.9") and "nvidia (" in links["containerd_config"]
     assert links["containerd_running"] == f"ok: PID {written}: runtimes nvidia, runc", links
+    assert links["runtime_writers"].startswith(f"ok: {DROPIN} (gpunode, BinaryName "), links
     assert worker_pid(fleet) == written
 
     again = deploy(fleet, "-y")

@@ -64,6 +64,12 @@ def test_writer_of_each_file() -> None:
     assert writer_of(OPERATOR_DROPIN, "/usr/bin/nvidia-container-runtime", False) == USER
     assert writer_of(OPERATOR_DROPIN, "/usr/bin/nvidia-container-runtime", True) == OPERATOR
     assert writer_of(MAIN, "/usr/local/nvidia/toolkit/../../bin/runc", False) == USER
+    k3s = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
+    assert writer_of(k3s, "/usr/bin/nvidia-container-runtime", False, "k3s") == "k3s"
+    assert writer_of(k3s.replace("k3s", "rke2"), "/usr/bin/nvidia-container-runtime", False, "rke2") == "RKE2"
+    assert writer_of(k3s, "/usr/bin/nvidia-container-runtime", False, "rke2") == USER  # not RKE2's file
+    assert writer_of(k3s, TOOLKIT_RUNTIME, True, "k3s") == OPERATOR  # k3s found the operator's binaries
+    assert writer_of("/etc/k0s/containerd.d/nvidia-gpunode.toml", "/usr/bin/nvidia-container-runtime", False) == GPUNODE
 
 
 def test_operator_runtime_is_found_by_its_binary_or_its_drop_in_and_binaries() -> None:
