@@ -1,23 +1,28 @@
-"""A k3s agent node on a real systemd host: Debian trixie's containerd 1.7.24 run as k3s runs it, under
-k3s' unit name, on k3s' generated config and socket. gpunode writes nothing there: without the NVIDIA
-Container Toolkit's runtime the node is refused; with it, k3s adds the nvidia runtime itself at its start,
-so the rollout restarts ``k3s-agent.service`` in the node's turn and verifies it; a re-run changes nothing.
+"""k3s and RKE2 agent nodes on real systemd hosts: a k3s agent on Debian trixie's containerd 1.7.24 with
+the version-2 template, and an RKE2 agent on Debian sid's containerd 2.1.9 with the version-3 template,
+each run as the agent runs it, under the agent's unit name, on its generated config and socket. gpunode
+writes nothing there: without the NVIDIA Container Toolkit's runtime the node is refused; with it, the
+agent adds the nvidia runtime itself at its start, so the rollout restarts its unit in the node's turn and
+verifies it; a re-run changes nothing.
 
-What is real: the containerd binary, its CRI plugin and start line, systemd, and the config k3s generates
-(``tests/samples/k3s-containerd-config.toml``, source on its first line, which is not planted). What is a
-STAND-IN, since the k3s binary is not available here:
+What is real: the containerd binary, its CRI plugin and start line, systemd, and the configs the agents
+generate (``tests/samples/k3s-containerd-config.toml`` and ``rke2-containerd-config-v3.toml``, source on
+their first line, which is not planted). What is a STAND-IN, since the k3s and RKE2 binaries are not
+available here:
 
-- ``k3s-agent.service`` runs containerd itself (k3s runs it as a child of its agent, next to the kubelet)
-  with the arguments k3s passes (``pkg/agent/containerd/config_linux.go``: ``-c``, ``-a``, ``--state``,
-  ``--root``); its root is under /var/lib/containerd (the host's bind mount, so its overlayfs snapshotter
-  does not stack on the overlay root; k3s uses /var/lib/rancher/k3s/agent/containerd);
-- its ``ExecStartPre`` stands in for what k3s does at every start: it writes
-  /var/lib/rancher/k3s/agent/etc/containerd/config.toml afresh from the rendered template and adds the
-  runtimes ``pkg/agent/containerd/runtimes.go`` (``findNvidiaContainerRuntimes``) finds: ``nvidia`` and
+- the agent's unit (``k3s-agent.service``, ``rke2-agent.service``) runs containerd itself (the agent runs
+  it as a child, next to the kubelet) with the arguments the agent passes
+  (``pkg/agent/containerd/config_linux.go``: ``-c``, ``-a``, ``--state``, ``--root``); its root is under
+  /var/lib/containerd (the host's bind mount, so its overlayfs snapshotter does not stack on the overlay
+  root; the agents use /var/lib/rancher/<program>/agent/containerd);
+- its ``ExecStartPre`` stands in for what the agent does at every start: it writes
+  /var/lib/rancher/<program>/agent/etc/containerd/config.toml afresh from the rendered template and adds
+  the runtimes ``pkg/agent/containerd/runtimes.go`` (``findNvidiaContainerRuntimes``) finds: ``nvidia`` and
   ``nvidia-experimental`` (``io.containerd.runc.v2``, ``BinaryName`` the path found) for
   ``nvidia-container-runtime`` and ``nvidia-container-runtime-experimental`` in /usr/local/nvidia/toolkit,
-  else /usr/bin, rendered as the template's ``ExtraRuntimes`` blocks (no ``config.toml.tmpl`` handling);
-- containerd's output goes to /var/lib/rancher/k3s/agent/containerd/containerd.log, as k3s sends it
+  else /usr/bin, rendered as the template's ``ExtraRuntimes`` blocks in the template's plugin name and quotes
+  (no ``config.toml.tmpl`` handling);
+- containerd's output goes to /var/lib/rancher/<program>/agent/containerd/containerd.log, as the agent sends it
   (``pkg/agent/containerd``: ``Containerd.Log``), so its unit's journal has no CRI start line;
 - /usr/bin/nvidia-container-runtime, where planted, is a script that runs runc (the toolkit is not
   installed: nothing runs containers on these hosts).
@@ -30,6 +35,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,25 +46,57 @@ from tests.fleet.fleet import Fleet, HostSpec
 from tests.fleet.plugin import FleetFactory
 
 REPO = Path(__file__).resolve().parents[2]
-NODE = "k3s1"  # Debian trixie: containerd 1.7.24, which k3s releases with the version-2 template ship
-SAMPLE = REPO / "tests" / "samples" / "k3s-containerd-config.toml"
-CONFIG = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
 SOCKET = "/run/k3s/containerd/containerd.sock"
-UNIT = "k3s-agent.service"
-STAND_IN = "/usr/local/lib/k3s-stand-in"
-LOG = "/var/lib/rancher/k3s/agent/containerd/containerd.log"  # k3s' containerd logs here, not to the journal
+STAND_IN = "/usr/local/lib/rancher-stand-in"
 TOOLKIT = "/usr/bin/nvidia-container-runtime"
 pytestmark = pytest.mark.fleet
 
-AGENT_UNIT = f"""\
+
+@dataclass(frozen=True)
+class Layout:
+    """One agent as a node runs it: its program, unit, host and the config its template renders."""
+
+    program: str  # "k3s" or "rke2"
+    label: str  # as gpunode names the platform
+    node: str
+    suite: str  # Debian suite of the host: which containerd it runs
+    unit: str
+    sample: str  # tests/samples/<sample>: the rendered template (its first line names its source)
+    cri_plugin: str  # the CRI runtime plugin of the template's version, as it renders ExtraRuntimes
+    template: str  # the template the generated file's first line points to
+    quote: str  # the quotes the template puts around plugin and runtime names
+
+    @property
+    def config(self) -> str:
+        return f"/var/lib/rancher/{self.program}/agent/etc/containerd/config.toml"
+
+    @property
+    def log(self) -> str:  # the agents' containerd logs here, not to the journal
+        return f"/var/lib/rancher/{self.program}/agent/containerd/containerd.log"
+
+
+LAYOUTS = [
+    # containerd 1.7.24, which k3s releases with the version-2 template ship
+    Layout("k3s", "k3s", "k3s1", "trixie", "k3s-agent.service", "k3s-containerd-config.toml",
+           "io.containerd.grpc.v1.cri", "config.toml.tmpl", '"'),
+    # containerd 2.1.9, as RKE2 releases with the version-3 template ship 2.x
+    Layout("rke2", "RKE2", "rke2n1", "sid", "rke2-agent.service", "rke2-containerd-config-v3.toml",
+           "io.containerd.cri.v1.runtime", "config-v3.toml.tmpl", "'"),
+]  # fmt: skip
+BY_ID = {layout.program: layout for layout in LAYOUTS}
+
+
+def agent_unit(layout: Layout) -> str:
+    return f"""\
 [Unit]
-Description=Stand-in for the k3s agent: containerd as k3s runs it (test)
+Description=Stand-in for the {layout.label} agent: containerd as the agent runs it (test)
 [Service]
 Type=notify
 ExecStartPre={STAND_IN}/generate-config
-ExecStart=/usr/bin/containerd -c {CONFIG} -a {SOCKET} --state /run/k3s/containerd --root /var/lib/containerd/k3s
-StandardOutput=append:{LOG}
-StandardError=append:{LOG}
+ExecStart=/usr/bin/containerd -c {layout.config} -a {SOCKET} --state /run/k3s/containerd \\
+    --root /var/lib/containerd/{layout.program}
+StandardOutput=append:{layout.log}
+StandardError=append:{layout.log}
 Restart=always
 RestartSec=5s
 KillMode=process
@@ -66,163 +104,186 @@ Delegate=yes
 [Install]
 WantedBy=multi-user.target
 """
-# k3s' own start: the template rendered afresh, with the nvidia runtimes it finds (see the module's docstring).
-GENERATE_CONFIG = f"""\
+
+
+def generate_config(layout: Layout) -> str:
+    """The agent's own start: the template rendered afresh, with the nvidia runtimes it finds (see the
+    module's docstring)."""
+    config = layout.config
+    return f"""\
 #!/bin/sh
 set -e
-mkdir -p {CONFIG.rsplit("/", 1)[0]}
+mkdir -p {config.rsplit("/", 1)[0]}
 {{
     cat {STAND_IN}/config.toml.rendered
+    q={shlex.quote(layout.quote)}
     for pair in nvidia:nvidia-container-runtime nvidia-experimental:nvidia-container-runtime-experimental; do
         name=${{pair%%:*}}
         binary=${{pair#*:}}
         for location in /usr/local/nvidia/toolkit /usr/bin; do
             if [ -e "$location/$binary" ] && [ ! -d "$location/$binary" ]; then
-                printf '\\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes."%s"]\\n' "$name"
-                printf '  runtime_type = "io.containerd.runc.v2"\\n'
-                printf '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes."%s".options]\\n' "$name"
-                printf '  BinaryName = "%s"\\n' "$location/$binary"
+                table="plugins.${{q}}{layout.cri_plugin}${{q}}.containerd.runtimes.${{q}}${{name}}${{q}}"
+                printf '\\n[%s]\\n  runtime_type = "io.containerd.runc.v2"\\n' "$table"
+                printf '[%s.options]\\n  BinaryName = "%s"\\n' "$table" "$location/$binary"
                 break
             fi
         done
     done
     echo
-}} > {CONFIG}.partial
-mv -f {CONFIG}.partial {CONFIG}
+}} > {config}.partial
+mv -f {config}.partial {config}
 """
+
+
 TOOLKIT_STAND_IN = '#!/bin/sh\nexec runc "$@"\n'
 
 
 @pytest.fixture(scope="module")
 def fleet(fleet_factory: FleetFactory) -> Iterator[Fleet]:
-    with fleet_factory.lent([HostSpec(NODE, "trixie")], "rancher") as booted:
+    with fleet_factory.lent([HostSpec(layout.node, layout.suite) for layout in LAYOUTS], "rancher") as booted:
         yield booted
 
 
-def sh(fleet: Fleet, command: str) -> str:
-    result = fleet.run(NODE, command)
+@pytest.fixture(params=[layout.program for layout in LAYOUTS])
+def layout(request: pytest.FixtureRequest) -> Layout:
+    return BY_ID[request.param]
+
+
+def sh(fleet: Fleet, layout: Layout, command: str) -> str:
+    result = fleet.run(layout.node, command)
     assert result.returncode == 0, f"{command}: {result.stderr}"
     return result.stdout
 
 
-def put(fleet: Fleet, path: str, text: str, mode: str = "644") -> None:
-    sh(fleet, f"mkdir -p $(dirname {path}) && printf %s {shlex.quote(text)} > {path} && chmod {mode} {path}")
+def put(fleet: Fleet, layout: Layout, path: str, text: str, mode: str = "644") -> None:
+    sh(fleet, layout, f"mkdir -p $(dirname {path}) && printf %s {shlex.quote(text)} > {path} && chmod {mode} {path}")
 
 
-def agent_pid(fleet: Fleet) -> str:
-    return sh(fleet, f"systemctl show -p MainPID --value {UNIT}").strip()
+def agent_pid(fleet: Fleet, layout: Layout) -> str:
+    return sh(fleet, layout, f"systemctl show -p MainPID --value {layout.unit}").strip()
 
 
-def cri_up(fleet: Fleet, other_than: str = "", seconds: float = 60) -> str:
+def cri_up(fleet: Fleet, layout: Layout, other_than: str = "", seconds: float = 60) -> str:
     """The PID of the unit's containerd once it is not ``other_than`` and ctr lists its CRI plugin ``ok``."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        pid = agent_pid(fleet)
-        plugins = fleet.run(NODE, f"ctr --address {SOCKET} plugins ls").stdout
+        pid = agent_pid(fleet, layout)
+        plugins = fleet.run(layout.node, f"ctr --address {SOCKET} plugins ls").stdout
         if pid not in ("", "0", other_than) and any(
             line.split()[:2] == ["io.containerd.grpc.v1", "cri"] and line.split()[-1] == "ok"
             for line in plugins.splitlines()
         ):
             return pid
         time.sleep(0.5)
-    raise AssertionError(f"k3s' containerd not up: {fleet.run(NODE, f'systemctl status {UNIT}').stdout}")
+    status = fleet.run(layout.node, f"systemctl status {layout.unit}; tail -n 20 {layout.log}").stdout
+    raise AssertionError(f"{layout.label}'s containerd not up: {status}")
 
 
-def k3s_node(fleet: Fleet) -> str:
-    """A fresh host laid out as a k3s agent without the toolkit; the PID of its containerd."""
-    fleet.reset([NODE])
-    put(fleet, f"{STAND_IN}/config.toml.rendered", SAMPLE.read_text().split("\n", 1)[1])
-    put(fleet, f"{STAND_IN}/generate-config", GENERATE_CONFIG, mode="755")
-    put(fleet, f"/etc/systemd/system/{UNIT}", AGENT_UNIT)
+def agent_node(fleet: Fleet, layout: Layout) -> str:
+    """A fresh host laid out as the agent's node without the toolkit; the PID of its containerd."""
+    fleet.reset([layout.node])
+    rendered = (REPO / "tests" / "samples" / layout.sample).read_text().split("\n", 1)[1]
+    put(fleet, layout, f"{STAND_IN}/config.toml.rendered", rendered)
+    put(fleet, layout, f"{STAND_IN}/generate-config", generate_config(layout), mode="755")
+    put(fleet, layout, f"/etc/systemd/system/{layout.unit}", agent_unit(layout))
     sh(
-        fleet,
+        fleet, layout,
         "systemctl disable --now containerd.service && systemctl mask containerd.service && "
-        f"mkdir -p {LOG.rsplit('/', 1)[0]} && systemctl daemon-reload && systemctl enable --now {UNIT}",
-    )
-    return cri_up(fleet)
+        f"mkdir -p {layout.log.rsplit('/', 1)[0]} && systemctl daemon-reload && systemctl enable --now {layout.unit}",
+    )  # fmt: skip
+    return cri_up(fleet, layout)
 
 
-def deploy(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
-    return cli.pyinfra(*args, "--limit", NODE, fleet.inventory_path, "deploys/containerd_runtime.py")
+def deploy(fleet: Fleet, layout: Layout, *args: str) -> subprocess.CompletedProcess[str]:
+    return cli.pyinfra(*args, "--limit", layout.node, fleet.inventory_path, "deploys/containerd_runtime.py")
 
 
-def readiness(fleet: Fleet, report: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+def readiness(fleet: Fleet, layout: Layout, report: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
     """deploys/readiness.py on the node: its process and each link's state and detail, by id."""
     result = cli.pyinfra(
-        "-y", "--limit", NODE, "--data", f"gpunode_readiness_json={report}", fleet.inventory_path,
+        "-y", "--limit", layout.node, "--data", f"gpunode_readiness_json={report}", fleet.inventory_path,
         "deploys/readiness.py", timeout=300,
     )  # fmt: skip
     (node,) = json.loads(report.read_text())["nodes"]
     return result, {link["id"]: f"{link['state']}: {link['detail']}" for link in node["links"]}
 
 
-def loaded_runtimes(fleet: Fleet) -> list[str]:
-    """The runtimes the CRI plugin of the last containerd started with (its start line in k3s' containerd log)."""
-    line = sh(fleet, f"grep -E 'Start cri plugin with config' {LOG} | tail -n 1")
+def loaded_runtimes(fleet: Fleet, layout: Layout) -> list[str]:
+    """The runtimes the CRI plugin of the last containerd started with (its start line in the agent's
+    containerd log: "Start cri plugin with config" on 1.x, "starting cri plugin" on 2.x)."""
+    line = sh(fleet, layout, f"grep -E 'Start cri plugin with config|starting cri plugin' {layout.log} | tail -n 1")
     loaded = parse_cri_start_log(line.splitlines())
-    assert loaded["loaded"], sh(fleet, f"tail -n 20 {LOG}")
+    assert loaded["loaded"], sh(fleet, layout, f"tail -n 20 {layout.log}")
     return sorted(loaded["runtimes"])
 
 
-def node_files(fleet: Fleet) -> str:
-    """What gpunode could have written: k3s' containerd directory, /etc/containerd and gpunode's own state."""
+def node_files(fleet: Fleet, layout: Layout) -> str:
+    """What gpunode could have written: the agent's containerd directory, /etc/containerd and gpunode's state."""
     return sh(
-        fleet,
-        "find /var/lib/rancher/k3s/agent/etc /etc/containerd /var/lib/pyinfra-gpunode -type f 2>/dev/null | "
-        "sort | xargs -r sha256sum",
+        fleet, layout,
+        f"find /var/lib/rancher/{layout.program}/agent/etc /etc/containerd /var/lib/pyinfra-gpunode -type f "
+        "2>/dev/null | sort | xargs -r sha256sum",
+    )  # fmt: skip
+
+
+def test_the_agent_adds_nvidia_at_the_unit_restart_in_the_turn(fleet: Fleet, layout: Layout, tmp_path: Path) -> None:
+    pid = agent_node(fleet, layout)
+    unit, config, label = layout.unit, layout.config, layout.label
+    assert sh(fleet, layout, f"grep -m 1 -v '^$' {config}").strip() == (
+        f"# File generated by {layout.program}. DO NOT EDIT. Use {layout.template} instead."
     )
+    assert loaded_runtimes(fleet, layout) == ["runc"]
+    before = node_files(fleet, layout)
 
-
-def test_k3s_adds_nvidia_at_the_unit_restart_in_the_turn(fleet: Fleet, tmp_path: Path) -> None:
-    pid = k3s_node(fleet)
-    assert sh(fleet, f"grep -m 1 -v '^$' {CONFIG}").strip() == (
-        "# File generated by k3s. DO NOT EDIT. Use config.toml.tmpl instead."
-    )
-    assert loaded_runtimes(fleet) == ["runc"]
-    before = node_files(fleet)
-
-    # No toolkit: k3s would not add nvidia, and gpunode does not edit what k3s generates.
-    refused = deploy(fleet, "-y")
+    # No toolkit: the agent would not add nvidia, and gpunode does not edit what the agent generates.
+    refused = deploy(fleet, layout, "-y")
     assert refused.returncode != 0, refused.stdout
-    assert f"k3s owns containerd here: it runs containerd inside its unit (k3s.service, {UNIT}) on {SOCKET}" in (
+    units = ", ".join(
+        f"{layout.program}{suffix}.service"
+        for suffix in {"k3s": ("", "-agent"), "rke2": ("-server", "-agent")}[layout.program]
+    )
+    assert f"{label} owns containerd here: it runs containerd inside its unit ({units}) on {SOCKET}" in (
         refused.stdout
     ), refused.stdout
     assert "neither is there (install the NVIDIA Container Toolkit" in refused.stdout
-    assert node_files(fleet) == before
-    assert agent_pid(fleet) == pid
+    assert node_files(fleet, layout) == before
+    assert agent_pid(fleet, layout) == pid
 
-    put(fleet, TOOLKIT, TOOLKIT_STAND_IN, mode="755")
-    plan = deploy(fleet, "--dry")
+    put(fleet, layout, TOOLKIT, TOOLKIT_STAND_IN, mode="755")
+    plan = deploy(fleet, layout, "--dry")
     assert plan.returncode == 0, plan.stdout
     assert (
-        f"plan: {UNIT} must be restarted, the kubelet with it: k3s adds the nvidia runtime itself at its start, "
-        f"and it finds {TOOLKIT}, but {CONFIG} has no nvidia runtime yet; restart it and verify"
+        f"plan: {unit} must be restarted, the kubelet with it: {label} adds the nvidia runtime itself at its "
+        f"start, and it finds {TOOLKIT}, but {config} has no nvidia runtime yet; restart it and verify"
     ) in plan.stdout, plan.stdout
-    assert node_files(fleet) == before
-    assert agent_pid(fleet) == pid
+    assert node_files(fleet, layout) == before
+    assert agent_pid(fleet, layout) == pid
 
-    rolled = deploy(fleet, "-y")
+    rolled = deploy(fleet, layout, "-y")
     assert rolled.returncode == 0, rolled.stdout
     assert "done: containerd restarted and verified" in rolled.stdout, rolled.stdout
-    restarted = cri_up(fleet)
+    restarted = cri_up(fleet, layout)
     assert restarted != pid
-    assert loaded_runtimes(fleet) == ["nvidia", "runc"]
-    generated = sh(fleet, f"cat {CONFIG}")
-    assert f'runtimes."nvidia".options]\n  BinaryName = "{TOOLKIT}"' in generated
-    assert not sh(fleet, "ls /etc/containerd/conf.d /etc/containerd/gpunode 2>/dev/null || true").strip()
+    assert loaded_runtimes(fleet, layout) == ["nvidia", "runc"]
+    generated = sh(fleet, layout, f"cat {config}")
+    q = layout.quote
+    assert f'runtimes.{q}nvidia{q}.options]\n  BinaryName = "{TOOLKIT}"' in generated
+    assert not sh(fleet, layout, "ls /etc/containerd/conf.d /etc/containerd/gpunode 2>/dev/null || true").strip()
 
-    again = deploy(fleet, "-y")
+    again = deploy(fleet, layout, "-y")
     assert again.returncode == 0, again.stdout
-    assert f"k3s adds the nvidia runtime itself: found in {CONFIG}" in again.stdout, again.stdout
-    assert agent_pid(fleet) == restarted
-    assert sh(fleet, f"cat {CONFIG}") == generated
+    assert f"{label} adds the nvidia runtime itself: found in {config}" in again.stdout, again.stdout
+    assert agent_pid(fleet, layout) == restarted
+    assert sh(fleet, layout, f"cat {config}") == generated
 
-    # The report reads k3s' containerd (its unit, generated config and socket), not containerd.service's.
-    report, links = readiness(fleet, tmp_path / "readiness.json")
+    # The report reads the agent's containerd (its unit, generated config and socket), not containerd.service's.
+    version = sh(fleet, layout, "containerd --version").split()[2]
+    report, links = readiness(fleet, layout, tmp_path / "readiness.json")
     assert report.returncode == 0, report.stdout
     assert "1 of 1 nodes ready" in report.stdout, report.stdout
-    assert links["containerd_config"] == f"ok: containerd 1.7.24~ds1: nvidia ({TOOLKIT}), default runc", links
+    assert links["containerd_config"] == f"ok: containerd {version}: nvidia ({TOOLKIT}), default runc", links
     assert links["containerd_running"] == f"ok: PID {restarted}: runtimes nvidia, runc", links
     assert links["containerd_restarts"].startswith("ok: "), links
     assert links["runtime_handler"] == f"ok: nvidia: {TOOLKIT}", links
-    assert agent_pid(fleet) == restarted
+    assert links["runtime_writers"] == f"ok: {config} ({label}, BinaryName {TOOLKIT})", links
+    assert agent_pid(fleet, layout) == restarted
