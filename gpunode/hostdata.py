@@ -1,8 +1,8 @@
 """The host-data keys the deploys read, with their types, and their validation (no I/O).
 
 Every key is prefixed ``gpunode_`` so it never collides with other libraries' data. The
-README's host-data table is checked against ``KEYS`` by the tests. Each key's default is its
-field's in ``settings``, and ``settings(data)`` gives a host's validated data as ``Settings``.
+host-data table of docs/host-data.md is checked against ``KEYS`` by the tests. Each key's default is
+its field's in ``settings``, and ``settings(data)`` gives a host's validated data as ``Settings``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _is_str_list(value: Any) -> bool:
 @dataclass(frozen=True)
 class Key:
     name: str
-    kind: str  # shown in the README: "bool", "str", "list[str]", "one of: a, b"
+    kind: str  # shown in the host-data tables: "bool", "str", "list[str]", "one of: a, b"
     doc: str
     check: Callable[[Any], bool]
     # A whole number stands for its digits (``--data gpunode_driver_branch=580`` parses to an int).
@@ -500,7 +500,8 @@ def _from_command_line(key: Key, value: Any) -> Any:
 
 
 def markdown_table() -> str:
-    """The README's host-data tables, one per settings group (``settings.GROUPS``), keys in table order."""
+    """The host-data tables of docs/host-data.md and docs/reference.md, one per settings group
+    (``settings.GROUPS``), keys in table order."""
     parts = []
     for name, group in GROUPS.items():
         keys = keys_of(group)

@@ -53,7 +53,8 @@ def render() -> str:
     parts = [
         "# Reference",
         "",
-        "Generated from the code by `scripts/reference.py`; a test keeps it equal. The guide is README.md.",
+        "Generated from the code by `scripts/reference.py`; a test keeps it equal. The guide is"
+        " [README.md](../README.md).",
         "",
         "## Operations",
         "",

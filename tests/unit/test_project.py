@@ -1,4 +1,4 @@
-"""Project contracts: docstrings, the README's host-data table, packaging of the templates."""
+"""Project contracts: docstrings, the guide's links and host-data table, packaging of the templates."""
 
 from __future__ import annotations
 
@@ -56,12 +56,86 @@ def test_fact_docstrings_show_a_value(module: str, name: str, fact) -> None:
     assert ".. code:: python" in doc, f"{module}.{name}"
 
 
-def test_readme_host_data_table_matches_the_keys() -> None:
-    readme = (REPO / "README.md").read_text()
-    table = readme.split("<!-- host-data table", 1)[1].split("-->", 1)[1].split("<!-- end host-data table -->")[0]
+def test_host_data_doc_table_matches_the_keys() -> None:
+    page = (REPO / "docs" / "host-data.md").read_text()
+    table = page.split("<!-- host-data table", 1)[1].split("-->", 1)[1].split("<!-- end host-data table -->")[0]
     assert table.strip() == markdown_table()
     rows = [line for line in table.splitlines() if line.startswith("| `gpunode_")]
     assert sorted(row.split("`")[1] for row in rows) == sorted(KEYS), "each key in exactly one group's table"
+
+
+GUIDE = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^()\s]+)\)")
+
+
+def _prose(text: str) -> list[str]:
+    """The lines of a Markdown ``text`` outside fenced code blocks, with inline code spans removed."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            lines.append(re.sub(r"`[^`]*`", "", line))
+    return lines
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The ``#anchor`` of each heading as GitHub makes it: lower case, punctuation dropped, spaces to
+    ``-``, a repeated one suffixed ``-1``, ``-2``, ..."""
+    anchors: set[str] = set()
+    fenced = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#{1,6} (.*)", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading[1].strip().lower()).replace(" ", "-")
+            candidate, count = slug, 0
+            while candidate in anchors:
+                count += 1
+                candidate = f"{slug}-{count}"
+            anchors.add(candidate)
+    return anchors
+
+
+def broken_links(page: Path) -> list[str]:
+    """Each relative link of ``page`` whose file, or ``#anchor`` heading in it, does not exist."""
+    broken = []
+    for line in _prose(page.read_text()):
+        for target in LINK.findall(line):
+            if re.match(r"[a-z][a-z+.-]*:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{target}: no such file")
+            elif anchor and (linked.suffix != ".md" or anchor not in heading_anchors(linked.read_text())):
+                broken.append(f"{target}: no heading #{anchor} in {linked.name}")
+    return broken
+
+
+@pytest.mark.parametrize("page", GUIDE, ids=[page.name for page in GUIDE])
+def test_relative_links_in_the_guide_resolve(page: Path) -> None:
+    broken = broken_links(page)
+    assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
+
+
+def test_a_missing_file_or_heading_is_a_broken_link(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text("# Other page\n\n## The `deploys/x.py`: two, words\n\n## Same\n\n## Same\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n\n[fine](other.md), [fine](other.md#the-deploysxpy-two-words), [fine](other.md#same-1),"
+        " [fine](#page), [web](https://example.org/x#y), `[code](gone.md)`\n\n```\n[fenced](gone.md)\n```\n"
+        "[gone](gone.md) and [no heading](other.md#nothing) and [no heading](#same-2)\n"
+    )
+    assert [link.split(":")[0] for link in broken_links(page)] == ["gone.md", "other.md#nothing", "#same-2"]
+
+
+def test_each_page_of_the_docs_has_a_title_and_links_back_to_the_guide() -> None:
+    for page in GUIDE[1:]:
+        title, blank, first = page.read_text().splitlines()[:3]
+        assert title.startswith("# ") and not blank, page.name
+        assert "[README.md](../README.md)" in first, page.name
 
 
 def test_host_data_defaults_are_valid_and_bad_values_are_named() -> None:
