@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyinfra_gpunode.cdi_checks import missing_devices, priority_dirs, untrue_specs
-from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, RUNTIME
+from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, RUNC_V2, RUNTIME
 from pyinfra_gpunode.containerd_dump import CTR, nri_state
 from pyinfra_gpunode.driver_versions import same_driver, upstream_version
 from pyinfra_gpunode.operator import (
@@ -32,6 +32,7 @@ from pyinfra_gpunode.operator import (
     toolkit_owner,
     under_toolkit_dir,
 )
+from pyinfra_gpunode.platform import NAMES, RANCHER
 from pyinfra_gpunode.settings import CONTAINERD_MODE, RUNTIME_HANDLER
 
 if TYPE_CHECKING:
@@ -569,7 +570,46 @@ def _runtime_handler(facts: NodeReadinessInfo, handler: str, binary: str, nri: b
             fix=f"set gpunode_nvidia_runtime_binary to the toolkit's binary and run {RUNTIME_DEPLOY}",
         )  # fmt: skip
     note = "" if found == binary else f" (gpunode_nvidia_runtime_binary is {binary})"
+    mismatch = cgroup_mismatch(summary, handler)
+    if mismatch:
+        return make(
+            BROKEN, f"{handler}: {found}; {mismatch}",
+            cause=f"runtime {handler} and the default runtime use different cgroup drivers ({mismatch}): the "
+            f"kubelet's driver is the default runtime's, so the {handler} runtime's pods run in cgroups the kubelet "
+            "does not manage and are killed or lose their GPUs (NVML 'Failed to initialize') after a systemd reload",
+            fix=_cgroup_fix(facts, handler),
+        )  # fmt: skip
     return make(OK, f"{handler}: {found}{note}")
+
+
+def cgroup_mismatch(summary: Mapping[str, Any], handler: str) -> str | None:
+    """How runtime ``handler``'s ``SystemdCgroup`` differs from the default runtime's in a dump summary,
+    where both run runc (``io.containerd.runc.v2``; an unset value is runc's default, false); else None."""
+    default_name = summary["default_runtime_name"]
+    runtimes = summary["runtimes"]
+    runtime, default = runtimes.get(handler), runtimes.get(default_name)
+    if not runtime or not default or default_name == handler:
+        return None
+    if {runtime["runtime_type"], default["runtime_type"]} != {RUNC_V2}:
+        return None
+    ours, theirs = bool(runtime["SystemdCgroup"]), bool(default["SystemdCgroup"])
+    if ours == theirs:
+        return None
+    return f"SystemdCgroup {str(ours).lower()}, default runtime {default_name}: SystemdCgroup {str(theirs).lower()}"
+
+
+def _cgroup_fix(facts: NodeReadinessInfo, handler: str) -> str:
+    platform = facts["containerd"]["platform"]["name"]
+    if platform in RANCHER:
+        name = NAMES[platform]
+        return (
+            f"{name} releases before October 2023 (k3s-io/k3s#8470) do not pass SystemdCgroup to the nvidia "
+            f"runtimes they add: upgrade {name} (its unit restarts and writes its config afresh)"
+        )
+    return (
+        f"set host data gpunode_nvidia_systemd_cgroup to the default runtime's value (a file sets {handler}'s, "
+        f"and gpunode keeps it unless told), then run {RUNTIME_DEPLOY}"
+    )
 
 
 def _unit(facts: NodeReadinessInfo) -> tuple[str, str]:

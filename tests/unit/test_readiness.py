@@ -498,3 +498,36 @@ def test_a_platform_unit_is_named_where_it_runs_containerd() -> None:
     link = assess("gpu1", facts, BINARY, SPEC).first_broken
     assert link is not None and link.id == "containerd_restarts" and link.fix
     assert "`systemctl restart k0sworker.service` only after a config change" in link.fix
+
+
+def _handler_link(facts: dict[str, Any]) -> Any:
+    return next(link for link in assess("gpu1", facts, BINARY, SPEC).links if link.id == "runtime_handler")
+
+
+@pytest.mark.parametrize("platform", [None, "k3s", "rke2"])
+def test_nvidia_on_another_cgroup_driver_than_the_default_runtime_is_broken(platform: str | None) -> None:
+    # As k3s before k3s-io/k3s#8470 generated it: runc with SystemdCgroup = true, nvidia with BinaryName only.
+    facts = healthy()
+    runtimes = facts["containerd"]["dump"]["summary"]["runtimes"]
+    runtimes["runc"]["SystemdCgroup"] = True
+    facts["containerd"]["platform"]["name"] = platform
+    link = _handler_link(facts)
+    assert link.state == BROKEN, link
+    assert link.detail == f"nvidia: {BINARY}; SystemdCgroup false, default runtime runc: SystemdCgroup true"
+    assert "different cgroup drivers" in link.cause
+    if platform:
+        assert "k3s-io/k3s#8470" in link.fix and f"upgrade {'k3s' if platform == 'k3s' else 'RKE2'}" in link.fix
+    else:
+        assert link.fix.startswith("set host data gpunode_nvidia_systemd_cgroup to the default runtime's value")
+
+
+def test_cgroup_drivers_compared_only_between_runc_runtimes_and_unset_is_false() -> None:
+    facts = healthy()
+    runtimes = facts["containerd"]["dump"]["summary"]["runtimes"]
+    assert _handler_link(facts).state == OK  # nvidia false, runc unset: runc's default is false
+    runtimes["runc"]["SystemdCgroup"] = True
+    runtimes["runc"]["runtime_type"] = "io.containerd.kata.v2"  # another shim: its options mean other things
+    assert _handler_link(facts).state == OK
+    runtimes["runc"]["runtime_type"] = "io.containerd.runc.v2"
+    runtimes["nvidia"]["SystemdCgroup"] = True
+    assert _handler_link(facts).state == OK
