@@ -23,8 +23,10 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Literal, TypedDict
+
+from pyinfra_gpunode.settings import CONTAINERD_MODE, RUNTIME_BINARY, RUNTIME_HANDLER
 
 K3S_SOCKET = "/run/k3s/containerd/containerd.sock"
 K0S_SOCKET = "/run/k0s/containerd.sock"
@@ -210,6 +212,82 @@ def rancher_restart_reason(info: ContainerdPlatformInfo) -> str:
         f"{info['unit']} must be restarted, the kubelet with it: {NAMES[name]} adds the nvidia runtime "
         f"itself at its start, and it finds {info['toolkit']}, but {rancher_config(name)} has no nvidia "
         "runtime yet"
+    )
+
+
+# ``containerd.nvidia_runtime``'s arguments that ``runtime_requests`` takes.
+REQUEST_ARGUMENTS = (
+    "binary", "handler", "systemd_cgroup", "default_runtime", "enable_cdi", "cdi_spec_dirs", "mode", "enable_nri",
+)  # fmt: skip
+
+
+def runtime_requests(
+    binary: str = RUNTIME_BINARY,
+    handler: str = RUNTIME_HANDLER,
+    systemd_cgroup: bool | None = None,
+    default_runtime: bool = False,
+    enable_cdi: bool | None = None,
+    cdi_spec_dirs: list[str] | None = None,
+    mode: str = CONTAINERD_MODE,
+    enable_nri: bool | None = None,
+) -> dict[str, object]:
+    """The host-data keys of the containerd step (``containerd.nvidia_runtime``'s arguments) that ask for
+    more than their defaults, by key: what a platform that writes its own config must be told of."""
+    asked: dict[str, object] = {
+        "gpunode_nvidia_runtime_binary": binary if binary != RUNTIME_BINARY else None,
+        "gpunode_runtime_handler": handler if handler != RUNTIME_HANDLER else None,
+        "gpunode_nvidia_systemd_cgroup": systemd_cgroup,
+        "gpunode_nvidia_default_runtime": True if default_runtime else None,
+        "gpunode_enable_cdi": enable_cdi,
+        "gpunode_cdi_spec_dirs": cdi_spec_dirs,
+        "gpunode_containerd_mode": mode if mode != CONTAINERD_MODE else None,
+        "gpunode_enable_nri": enable_nri,
+    }
+    return {key: value for key, value in asked.items() if value is not None}
+
+
+def rancher_unapplied(info: ContainerdPlatformInfo | None, requests: Mapping[str, object]) -> str | None:
+    """
+    Why a k3s or RKE2 node whose agent adds the nvidia runtime itself (``rancher_nvidia``) is refused:
+    host data asks the containerd step for something the agent's own runtime does not give (``requests``,
+    from ``runtime_requests``), and gpunode writes no containerd config there. Each key is named with the
+    agent's own way to get it; ``None`` where nothing asked is left unapplied.
+    """
+    if not rancher_nvidia(info):
+        return None
+    assert info is not None and info["name"]
+    label, program = NAMES[info["name"]], info["name"]
+    directory = rancher_config(program).rsplit("/", 1)[0]
+    drop_in = (
+        f"a drop-in in {directory}/config-v3.toml.d/ (containerd 2.x), or {directory}/config.toml.tmpl starting "
+        '{{ template "base" . }} (1.x)'
+    )
+    ways = {
+        "gpunode_nvidia_runtime_binary": f"{label} gives nvidia the binary it finds, {info['toolkit']}",
+        "gpunode_runtime_handler": f"{label} defines the runtimes nvidia"
+        + "".join(f", {name}" for name in info["runtimes"] if name != "nvidia")
+        + ": name one of them",
+        "gpunode_nvidia_systemd_cgroup": f"{label} gives nvidia runc's SystemdCgroup (k3s-io/k3s#8470)",
+        "gpunode_nvidia_default_runtime": f"set `default-runtime: nvidia` in /etc/rancher/{program}/config.yaml",
+        "gpunode_enable_cdi": f"set it in {drop_in}",
+        "gpunode_cdi_spec_dirs": f"set them in {drop_in}",
+        "gpunode_containerd_mode": f"enable NRI in {drop_in}",
+        "gpunode_enable_nri": f"set it in {drop_in}",
+    }
+    unapplied = [
+        f"{key}: {value!r} ({ways[key]})"
+        for key, value in requests.items()
+        if key in ways
+        and not (key == "gpunode_nvidia_runtime_binary" and value == info["toolkit"])
+        and not (key == "gpunode_runtime_handler" and value in info["runtimes"])
+    ]
+    if not unapplied:
+        return None
+    return (
+        f"{label} owns containerd here and adds the nvidia runtime itself, so gpunode writes no containerd "
+        f"config on this node and cannot apply: {'; '.join(unapplied)}; then restart {info['unit'] or 'its unit'} "
+        f"(the kubelet restarts with it), or leave these keys out of this host's data to let {label}'s runtime "
+        "stand; nothing was changed on this node"
     )
 
 

@@ -60,6 +60,8 @@ from pyinfra_gpunode.platform import (
     rancher_note,
     rancher_nvidia,
     rancher_restart_reason,
+    rancher_unapplied,
+    runtime_requests,
 )
 from pyinfra_gpunode.platform import refusal as platform_refusal
 from pyinfra_gpunode.redaction import redacted
@@ -157,7 +159,12 @@ def _registration(
     if owned:
         return Registration(owned)
     if rancher_nvidia(node.get("platform")):
-        return _rancher_registration(node["platform"])
+        requests = runtime_requests(
+            binary=binary, handler=handler, systemd_cgroup=systemd_cgroup, default_runtime=default_runtime,
+            enable_cdi=enable_cdi, cdi_spec_dirs=cdi_spec_dirs, mode=mode, enable_nri=enable_nri,
+        )  # fmt: skip
+        unapplied = rancher_unapplied(node["platform"], requests)
+        return Registration(unapplied) if unapplied else _rancher_registration(node["platform"])
     if (node.get("platform") or {}).get("name") == "k0s":
         k0s_options = Options(
             binary=binary,

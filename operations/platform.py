@@ -4,7 +4,7 @@ them, except k3s and RKE2 where they add the nvidia runtime themselves (their un
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from pyinfra_gpunode.platform import (
     rancher_config,
     rancher_nvidia,
     rancher_restart_reason,
+    rancher_unapplied,
     refusal,
 )
 from pyinfra_gpunode.settings import RESTART_TIMEOUT
@@ -38,7 +39,7 @@ _K0S_WAIT = shell.script(Path(__file__).parent / "shell" / "k0s-wait.sh")
 
 
 @operation()
-def supported() -> Generator[Any, Any, None]:
+def supported(requests: dict[str, object] | None = None) -> Generator[Any, Any, None]:
     """
     Fail this node when a platform owns its containerd: k3s or RKE2 (containerd inside their
     agent's unit, its config generated at every start) where they do not add the nvidia runtime
@@ -53,24 +54,32 @@ def supported() -> Generator[Any, Any, None]:
     ``spec.containerd.config``). Put it first: on a refused node nothing else should run. A dry
     run prints the refusal as the node's plan.
 
+    + requests: the containerd step's host-data keys that ask for more than their defaults
+      (``platform.runtime_requests``): a k3s or RKE2 node whose agent adds the nvidia runtime itself
+      is refused where any of them would go unapplied, each named with the agent's own way to get it
+
     **Example:**
 
     .. code:: python
 
-        platform.supported(name="containerd: not owned by a platform")
+        platform.supported(
+            name="containerd: not owned by a platform",
+            requests={"gpunode_nvidia_default_runtime": True},
+        )
     """
-    problem = platform_problem()
+    problem = platform_problem(requests)
     if problem:
         yield fail(problem)
         return
     host.noop("no platform owns containerd")
 
 
-def platform_problem() -> str | None:
-    """Why ``supported`` fails this node (``platform.refusal``; on a k0s node whose config k0s manages, also
+def platform_problem(requests: Mapping[str, object] | None = None) -> str | None:
+    """Why ``supported`` fails this node (``platform.refusal``; on a k3s or RKE2 node, host data ``requests``
+    left unapplied, ``platform.rancher_unapplied``; on a k0s node whose config k0s manages,
     ``k0s.layout_problem`` from k0s' own containerd and files), or ``None``. Reads only."""
     found = node_fact(ContainerdPlatform)
-    problem = refusal(found)
+    problem = refusal(found) or rancher_unapplied(found, requests or {})
     if problem or found["name"] != "k0s":
         return problem
     node = host.get_fact(K0sContainerd)

@@ -52,6 +52,7 @@ from pyinfra_gpunode.operator import (
     runtime_writers,
     take_over_note,
 )
+from pyinfra_gpunode.platform import REQUEST_ARGUMENTS, runtime_requests
 from pyinfra_gpunode.rollout import NodeReport, NodeSettings, RolloutPolicy, rollout_order
 from pyinfra_gpunode.settings import Settings
 from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit
@@ -139,7 +140,7 @@ def nvidia_runtime_registered(settings: Settings | None = None) -> None:
 def _register(settings: Settings | None) -> None:
     checked = settings is not None  # by gpu_node_prepared, with the GPU layers
     settings = settings or _accepted_settings(gpu=False)
-    if settings is None or _platform_refused() or (not checked and _operator_refused(settings, gpu=False)):
+    if settings is None or _platform_refused(settings) or (not checked and _operator_refused(settings, gpu=False)):
         return
     nodes = _NODES.setdefault(current_state(), {})
     driver, steps = _DRIVER_TURNS.get(current_state(), {}).get(host.name, ([], None))
@@ -189,12 +190,15 @@ def _arrived() -> None:
         rollout.planned_rollout(run, policy)
 
 
-def _platform_refused() -> bool:
-    """Whether a platform (k3s, RKE2, k0s, EKS nodeadm) owns the node's containerd; the node is then
-    set to fail with the reason and what to do instead, before anything changes on it."""
-    if platform.platform_problem() is None:
+def _platform_refused(settings: Settings) -> bool:
+    """Whether a platform (k3s, RKE2, k0s, EKS nodeadm) owns the node's containerd, or (k3s, RKE2) leaves
+    host data unapplied; the node is then set to fail with the reason and what to do instead, before
+    anything changes on it."""
+    arguments = _runtime(settings)
+    requests = runtime_requests(**{name: arguments[name] for name in REQUEST_ARGUMENTS})
+    if platform.platform_problem(requests) is None:
         return False
-    platform.supported(name="containerd: not owned by a platform")
+    platform.supported(name="containerd: not owned by a platform", requests=requests)
     return True
 
 
@@ -400,7 +404,7 @@ def gpu_node_prepared() -> None:
     if settings is None:
         hostdata.accepted(name="host data: accepted", error=error)
         return
-    if _platform_refused() or _operator_refused(settings):
+    if _platform_refused(settings) or _operator_refused(settings):
         return
     updates = settings.updates
     kernel.held(name="kernel: held", present=updates.kernel_hold)

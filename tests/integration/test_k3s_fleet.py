@@ -20,8 +20,9 @@ available here:
   the runtimes ``pkg/agent/containerd/runtimes.go`` (``findNvidiaContainerRuntimes``) finds: ``nvidia`` and
   ``nvidia-experimental`` (``io.containerd.runc.v2``, ``BinaryName`` the path found) for
   ``nvidia-container-runtime`` and ``nvidia-container-runtime-experimental`` in /usr/local/nvidia/toolkit,
-  else /usr/bin, rendered as the template's ``ExtraRuntimes`` blocks in the template's plugin name and quotes
-  (no ``config.toml.tmpl`` handling);
+  else /usr/bin, rendered as the template's ``ExtraRuntimes`` blocks in the template's plugin name and quotes,
+  with runc's ``SystemdCgroup`` (k3s-io/k3s#8470; without it where the test plants ``before-8470``, as
+  releases before October 2023 render them), and no ``config.toml.tmpl`` handling;
 - containerd's output goes to /var/lib/rancher/<program>/agent/containerd/containerd.log, as the agent sends it
   (``pkg/agent/containerd``: ``Containerd.Log``), so its unit's journal has no CRI start line;
 - /usr/bin/nvidia-container-runtime, where planted, is a script that runs runc (the toolkit is not
@@ -125,6 +126,7 @@ mkdir -p {config.rsplit("/", 1)[0]}
                 table="plugins.${{q}}{layout.cri_plugin}${{q}}.containerd.runtimes.${{q}}${{name}}${{q}}"
                 printf '\\n[%s]\\n  runtime_type = "io.containerd.runc.v2"\\n' "$table"
                 printf '[%s.options]\\n  BinaryName = "%s"\\n' "$table" "$location/$binary"
+                if [ ! -e {STAND_IN}/before-8470 ]; then printf '  SystemdCgroup = true\\n'; fi
                 break
             fi
         done
@@ -267,7 +269,7 @@ def test_the_agent_adds_nvidia_at_the_unit_restart_in_the_turn(fleet: Fleet, lay
     assert loaded_runtimes(fleet, layout) == ["nvidia", "runc"]
     generated = sh(fleet, layout, f"cat {config}")
     q = layout.quote
-    assert f'runtimes.{q}nvidia{q}.options]\n  BinaryName = "{TOOLKIT}"' in generated
+    assert f'runtimes.{q}nvidia{q}.options]\n  BinaryName = "{TOOLKIT}"\n  SystemdCgroup = true' in generated, generated
     assert not sh(fleet, layout, "ls /etc/containerd/conf.d /etc/containerd/gpunode 2>/dev/null || true").strip()
 
     again = deploy(fleet, layout, "-y")
@@ -275,6 +277,18 @@ def test_the_agent_adds_nvidia_at_the_unit_restart_in_the_turn(fleet: Fleet, lay
     assert f"{label} adds the nvidia runtime itself: found in {config}" in again.stdout, again.stdout
     assert agent_pid(fleet, layout) == restarted
     assert sh(fleet, layout, f"cat {config}") == generated
+
+    # Host data the agent would not apply: refused before anything changes, naming the key and the agent's way.
+    written = node_files(fleet, layout)
+    asked = deploy(fleet, layout, "-y", "--data", "gpunode_nvidia_default_runtime=true")
+    assert asked.returncode != 0, asked.stdout
+    assert (
+        f"{label} owns containerd here and adds the nvidia runtime itself, so gpunode writes no containerd config "
+        "on this node and cannot apply: gpunode_nvidia_default_runtime: True (set `default-runtime: nvidia` in "
+        f"/etc/rancher/{layout.program}/config.yaml); then restart {unit}"
+    ) in asked.stdout, asked.stdout
+    assert agent_pid(fleet, layout) == restarted
+    assert node_files(fleet, layout) == written
 
     # The report reads the agent's containerd (its unit, generated config and socket), not containerd.service's.
     version = sh(fleet, layout, "containerd --version").split()[2]
@@ -287,3 +301,16 @@ def test_the_agent_adds_nvidia_at_the_unit_restart_in_the_turn(fleet: Fleet, lay
     assert links["runtime_handler"] == f"ok: nvidia: {TOOLKIT}", links
     assert links["runtime_writers"] == f"ok: {config} ({label}, BinaryName {TOOLKIT})", links
     assert agent_pid(fleet, layout) == restarted
+
+    # An agent release before k3s-io/k3s#8470 gives nvidia no SystemdCgroup: its pods run on another cgroup
+    # driver than the kubelet's, and the report says so, with the upgrade as the fix.
+    put(fleet, layout, f"{STAND_IN}/before-8470", "")
+    sh(fleet, layout, f"systemctl restart {unit}")
+    old_release = cri_up(fleet, layout, other_than=restarted)
+    report, links = readiness(fleet, layout, tmp_path / "old-release.json")
+    assert report.returncode != 0, report.stdout
+    assert links["runtime_handler"] == (
+        f"broken: nvidia: {TOOLKIT}; SystemdCgroup false, default runtime runc: SystemdCgroup true"
+    ), links
+    assert f"upgrade {label} (its unit restarts" in report.stdout, report.stdout
+    assert agent_pid(fleet, layout) == old_release

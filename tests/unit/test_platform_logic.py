@@ -15,7 +15,9 @@ from pyinfra_gpunode.platform import (
     rancher_note,
     rancher_nvidia,
     rancher_restart_reason,
+    rancher_unapplied,
     refusal,
+    runtime_requests,
 )
 
 # First lines as the platforms write them: k3s-io/k3s pkg/agent/templates/templates_linux.go (RKE2 runs
@@ -142,6 +144,44 @@ def test_k3s_and_rke2_adding_nvidia_themselves_are_not_refused() -> None:
     rke2 = owning_platform([first(RKE2_CONFIG, RKE2_FIRST), toolkit, f"runtimes {RKE2_CONFIG} nvidia",
                             "process 9 rke2-agent.service"])  # fmt: skip
     assert rancher_nvidia(rke2) == "present" and rancher_note(rke2).startswith("RKE2 adds the nvidia runtime")
+
+
+def test_host_data_a_k3s_or_rke2_agent_would_not_apply_is_refused_naming_each_key() -> None:
+    lines = [first(K3S_CONFIG, K3S_FIRST), K3S_UNIT, "toolkit /usr/bin/nvidia-container-runtime"]
+    present = owning_platform([*lines, f"runtimes {K3S_CONFIG} runc nvidia nvidia-cdi"])
+    # Defaults, and values the agent gives anyway, ask for nothing more.
+    assert runtime_requests() == {}
+    assert rancher_unapplied(present, runtime_requests()) is None
+    same = runtime_requests(binary="/usr/bin/nvidia-container-runtime", handler="nvidia-cdi")
+    assert same == {"gpunode_runtime_handler": "nvidia-cdi"} and rancher_unapplied(present, same) is None
+    asked = runtime_requests(
+        binary="/opt/nvidia/bin/nvidia-container-runtime", handler="gpu", systemd_cgroup=True,
+        default_runtime=True, enable_cdi=False, cdi_spec_dirs=["/etc/cdi"], mode="nri", enable_nri=True,
+    )  # fmt: skip
+    why = rancher_unapplied(present, asked)
+    assert why is not None
+    assert why.startswith(
+        "k3s owns containerd here and adds the nvidia runtime itself, so gpunode writes no containerd config on "
+        "this node and cannot apply: gpunode_nvidia_runtime_binary: '/opt/nvidia/bin/nvidia-container-runtime' "
+        "(k3s gives nvidia the binary it finds, /usr/bin/nvidia-container-runtime); gpunode_runtime_handler: "
+        "'gpu' (k3s defines the runtimes nvidia, runc, nvidia-cdi: name one of them); "
+        "gpunode_nvidia_systemd_cgroup: True (k3s gives nvidia runc's SystemdCgroup (k3s-io/k3s#8470)); "
+        "gpunode_nvidia_default_runtime: True (set `default-runtime: nvidia` in /etc/rancher/k3s/config.yaml); "
+        "gpunode_enable_cdi: False (set it in a drop-in in /var/lib/rancher/k3s/agent/etc/containerd/"
+        "config-v3.toml.d/ (containerd 2.x)"
+    ), why
+    assert why.endswith(
+        "then restart k3s-agent.service (the kubelet restarts with it), or leave these keys out of this host's "
+        "data to let k3s's runtime stand; nothing was changed on this node"
+    )
+    for key in ("gpunode_cdi_spec_dirs: ['/etc/cdi']", "gpunode_containerd_mode: 'nri'", "gpunode_enable_nri: True"):
+        assert key in why
+    # The restart case is refused too (before the restart); nodes gpunode writes for are not judged here.
+    stale = owning_platform([*lines, f"runtimes {K3S_CONFIG} runc"])
+    assert "gpunode_nvidia_default_runtime" in (
+        rancher_unapplied(stale, {"gpunode_nvidia_default_runtime": True}) or ""
+    )
+    assert rancher_unapplied(owning_platform([]), asked) is None
 
 
 def test_k3s_without_the_toolkit_or_its_unit_stays_refused() -> None:
