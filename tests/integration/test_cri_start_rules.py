@@ -30,6 +30,7 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdVersion,
     candidate_input,
 )
+from pyinfra_gpunode.operations.containerd import cri_start_problem
 from tests.realbin.namespace import ScenarioHost
 from tests.realbin.scenarios import CONFD, CONFIG, IMPORTS
 
@@ -260,3 +261,21 @@ def test_real_daemon_on_an_import_naming_a_missing_file(tmp_path: Path, version:
     else:
         assert "containerd successfully booted" in log, log
         assert cri_failures(log) == []
+
+
+@pytest.mark.parametrize("version", ALL_VERSIONS)
+def test_missing_named_import_on_the_node_is_named_and_the_plan_writes_our_drop_in_back(
+    tmp_path: Path, version: str
+) -> None:
+    """The node's tree as the facts read it: the rule names file, key and path, whatever the dump says; the
+    planner writes the drop-in again, and the candidate loads."""
+    host = our_dropin_gone(tmp_path, version)
+    files = host.fact(ContainerdConfigFiles)
+    assert OUR_DROPIN not in files["texts"]
+    problem = cri_start_problem(host.fact(ContainerdConfigDump), CONFIG, files["texts"])
+    assert problem is not None
+    assert problem.startswith(f"{CONFIG}: key 'imports' names {OUR_DROPIN}, which does not exist: containerd exits")
+    staged, candidate_files = candidate(host)
+    assert staged["error"] is None, staged["error"]
+    assert [config["path"] for config in candidate_files][-1] == OUR_DROPIN
+    assert stopping(cri_start_findings(staged["dump"], candidate_files)) is None
