@@ -93,7 +93,8 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
     ``/etc/containerd/gpunode/nvidia-runtime.toml`` and of every directory above them that
     exists and is not a symbolic link; ``links`` maps every symbolic link under
     ``/etc/containerd``, and the main config or a directory above it that is one, to its
-    target; ``problems`` lists imports that name missing files or files outside ``/etc/containerd``.
+    target; ``problems`` lists imports that name missing files (containerd exits at start on one),
+    files other than ``*.toml`` (not read) or files outside ``/etc/containerd``.
 
     .. code:: python
 

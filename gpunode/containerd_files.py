@@ -16,6 +16,9 @@ from typing import Any, TypedDict
 CONFIG_ROOT = "/etc/containerd"
 _GLOB_META = re.compile(r"[*?\[]")
 _NOT_UTF8 = re.compile("[\udc80-\udcff]")
+# What containerd does with an ``imports`` entry naming a missing file (not a glob), as Debian's 1.6.20,
+# 1.7.24 and 2.1.9 do it: the daemon exits before it loads any plugin.
+MISSING_IMPORT_EFFECT = "containerd exits at start (open ...: no such file or directory), before any plugin loads"
 
 
 class ConfigFile(TypedDict):
@@ -32,6 +35,14 @@ class ConfigTree(TypedDict):
     main_path: str
     imported: list[ConfigFile]
     problems: list[str]
+
+
+class MissingImport(TypedDict):
+    """A file an ``imports`` entry names by its path (not a glob) that is not on the node."""
+
+    importer: str  # the file whose ``imports`` names it
+    entry: str  # the entry as written (relative entries resolve against the importer's directory)
+    path: str
 
 
 def parse_config_file(path: str, text: str) -> ConfigFile:
@@ -120,9 +131,30 @@ def resolve_tree(main_path: str, texts: dict[str, str], root: str = CONFIG_ROOT)
     k0s node) and the main config to its content. A missing main config is a valid state
     (containerd's defaults apply).
     """
+    return _walk(main_path, texts, root)[0]
+
+
+def missing_imports(main_path: str, texts: dict[str, str], root: str = CONFIG_ROOT) -> list[MissingImport]:
+    """The files ``imports`` entries of the tree name by path (not by a glob) that are not in ``texts``.
+
+    Only a ``*.toml`` path under ``root`` counts: ``texts`` holds every such file there is, so one not in
+    it does not exist. containerd 1.6, 1.7 and 2.x exit at start on such an entry; a glob matching
+    nothing is no error to them.
+    """
+    return _walk(main_path, texts, root)[1]
+
+
+def missing_import_text(missing: MissingImport) -> str:
+    """``missing`` in words: the importing file, its key, the entry and the path it names."""
+    entry = "" if missing["entry"] == missing["path"] else f"entry {missing['entry']!r} "
+    return f"{missing['importer']}: key 'imports' {entry}names {missing['path']}, which does not exist"
+
+
+def _walk(main_path: str, texts: dict[str, str], root: str) -> tuple[ConfigTree, list[MissingImport]]:
     problems: list[str] = []
+    missing: list[MissingImport] = []
     if main_path not in texts:
-        return {"main": None, "main_path": main_path, "imported": [], "problems": problems}
+        return {"main": None, "main_path": main_path, "imported": [], "problems": problems}, missing
     main = parse_config_file(main_path, texts[main_path])
     existing = sorted(texts)
     imported: list[ConfigFile] = []
@@ -138,13 +170,20 @@ def resolve_tree(main_path: str, texts: dict[str, str], root: str = CONFIG_ROOT)
             if path in loaded:
                 continue
             if path not in texts:
-                problems.append(f"{importer['path']}: key 'imports' names {path}, which does not exist")
+                if path.endswith(".toml"):
+                    missing.append({"importer": importer["path"], "entry": entry, "path": path})
+                    problems.append(f"{missing_import_text(missing[-1])}: {MISSING_IMPORT_EFFECT}")
+                else:
+                    problems.append(
+                        f"{importer['path']}: key 'imports' names {path}, which gpunode does not read "
+                        f"(it reads the *.toml files under {root}); rename it to end in .toml"
+                    )
                 continue
             loaded.add(path)
             config = parse_config_file(path, texts[path])
             imported.append(config)
             pending += [(sub, config) for sub in config["imports"]]
-    return {"main": main, "main_path": main_path, "imported": imported, "problems": problems}
+    return {"main": main, "main_path": main_path, "imported": imported, "problems": problems}, missing
 
 
 def load_order(tree: ConfigTree) -> list[ConfigFile]:

@@ -4,7 +4,9 @@
 the dump prints can still keep the CRI plugin from starting (and, with ``required_plugins``
 naming it, stop the whole daemon). The rules below are the plugin's own (containerd 1.6/1.7
 ``pkg/cri/config``, 2.x ``internal/cri/config``), applied to the dump; the files, in load
-order, say where each key comes from.
+order, say where each key comes from. One rule comes before the dump: an ``imports`` entry naming a
+file that does not exist makes containerd itself exit at start (1.6 and 1.7 fail ``config dump`` on it
+too; 2.x's dump prints what it merged before that file and no error).
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyinfra_gpunode.containerd_dropin import CRI_NAMES, CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, OUR_DROPIN, RUNC_V2
-from pyinfra_gpunode.containerd_files import ConfigFile, parsed
+from pyinfra_gpunode.containerd_files import (
+    MISSING_IMPORT_EFFECT,
+    ConfigFile,
+    MissingImport,
+    missing_import_text,
+    parsed,
+)
 
 CRI_PLUGINS = (CRI_V2, CRI_V3_RUNTIME, CRI_V3_IMAGES)
 # containerd 2.x's own cni.bin_dirs (upstream; Debian's build), which it drops where bin_dir is set.
@@ -203,10 +211,31 @@ def _required(dump: dict[str, Any], files: list[ConfigFile], findings: list[Find
     ]
 
 
-def cri_start_findings(dump: dict[str, Any], files: list[ConfigFile]) -> list[Finding]:
+def import_findings(missing: Sequence[MissingImport]) -> list[Finding]:
+    """The ``imports`` entries naming files that do not exist (``containerd_files.missing_imports``):
+    containerd exits at start, so neither the daemon nor its CRI plugin runs."""
+    findings = []
+    for item in missing:
+        ours = f" ({OUR_DROPIN} is gpunode's drop-in: a run writes it again)" if item["path"] == OUR_DROPIN else ""
+        findings.append(
+            Finding(
+                f"{missing_import_text(item)}: {MISSING_IMPORT_EFFECT}; put the file back or remove the entry{ours}",
+                stops_cri=True,
+            )
+        )
+    return findings
+
+
+def cri_start_findings(
+    dump: dict[str, Any], files: list[ConfigFile], missing: Sequence[MissingImport] = ()
+) -> list[Finding]:
     """What the CRI plugin would refuse, or run other than the files say, in the merged config
-    ``dump`` (``config dump`` parsed) read from ``files`` (``load_order``). A disabled CRI plugin
-    comes first and alone: nothing else of the plugin's config is read then."""
+    ``dump`` (``config dump`` parsed) read from ``files`` (``load_order``), whose ``imports`` name
+    the ``missing`` files. A missing import comes first and alone: containerd exits before any
+    plugin reads its config (and 2.x's dump is then partial). A disabled CRI plugin comes next and
+    alone: nothing else of the plugin's config is read then."""
+    if missing:
+        return import_findings(missing)
     findings = _disabled(dump, files) or [
         *_registry(dump, files),
         *_cni_dirs(dump, files),

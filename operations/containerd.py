@@ -29,11 +29,12 @@ from pyinfra_gpunode.containerd_files import (
     ConfigTree,
     links_in_the_way,
     load_order,
+    missing_imports,
     not_regular_files,
     resolve_tree,
     strictest_mode,
 )
-from pyinfra_gpunode.cri_rules import cri_start_findings, stopping
+from pyinfra_gpunode.cri_rules import cri_start_findings, import_findings, stopping
 from pyinfra_gpunode.facts.containerd import (
     ContainerdCandidateDump,
     ContainerdConfigDump,
@@ -539,10 +540,14 @@ def cri_start_problem(
     dump: DumpInfo | None, main_path: str, texts: dict[str, str], root: str = CONFIG_ROOT
 ) -> str | None:
     """Why the config tree ``texts`` (merged as ``dump``) would keep the CRI plugin from starting, by the
-    plugin's own start rules, or ``None`` (also where containerd is missing or the files do not load)."""
-    if not dump or dump["error"]:
+    plugin's own start rules, or ``None`` (also where containerd is missing, or the files do not load for
+    another reason than an ``imports`` entry naming a missing file: containerd 1.x's dump fails on that)."""
+    if not dump:
         return None
-    return stopping(cri_start_findings(dump["dump"], load_order(resolve_tree(main_path, texts, root))))
+    missing = missing_imports(main_path, texts, root)
+    if dump["error"]:
+        return stopping(import_findings(missing))
+    return stopping(cri_start_findings(dump["dump"], load_order(resolve_tree(main_path, texts, root)), missing))
 
 
 def restart_reason(service: ContainerdServiceInfo | None, dump: DumpInfo | None) -> str | None:
@@ -673,8 +678,9 @@ def restarted_if_pending(
       runtime registered): only the runtimes of the merged config and of the previous daemon
 
     A config that would not start the CRI plugin by its own start rules (``mirrors`` with
-    ``config_path``, a disabled CRI plugin, an undefined default runtime, ...) is never restarted
-    into: the host fails naming the keys and files, and the running daemon keeps running.
+    ``config_path``, a disabled CRI plugin, an undefined default runtime, an ``imports`` entry naming
+    a missing file, ...) is never restarted into: the host fails naming the keys and files, and the
+    running daemon keeps running.
 
     Verification: the unit is active and the CRI plugin of the new daemon loaded every runtime
     of the merged config (nvidia included) and every runtime the previous daemon had, with the

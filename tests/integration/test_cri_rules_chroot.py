@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 NONE = ("--data", "gpunode_containerd_restart=none")
 CONFIG = "etc/containerd/config.toml"
 CERTS = "etc/containerd/conf.d/50-certs.toml"
+DROPIN = "etc/containerd/gpunode/nvidia-runtime.toml"
 pytestmark = pytest.mark.chroot
 
 
@@ -80,3 +81,46 @@ def test_disabled_cri_plugin_is_named_instead_of_missing_runtimes(root: Path) ->
     assert "runtime nvidia is missing" not in done
     assert "is not defined" not in done
     assert tree(root) == before
+
+
+def test_an_import_naming_a_missing_file_is_refused_naming_file_key_and_path(root: Path) -> None:
+    """containerd exits at start on it (2.x's ``config dump`` does not even say so): refused, nothing written."""
+    schema, _images = plugins(root)
+    (root / CONFIG).write_text(
+        f'version = {schema}\nimports = ["/etc/containerd/conf.d/*.toml", "site/10-site.toml"]\n'
+    )
+    before = tree(root)
+    plan = deploy(root, "--dry")
+    assert tree(root) == before
+    named = (
+        f"/{CONFIG}: key 'imports' entry 'site/10-site.toml' names /etc/containerd/site/10-site.toml, "
+        "which does not exist: containerd exits at start"
+    )
+    assert named in plan, plan
+    done = deploy(root, "-y")
+    assert not done.startswith("rc=0"), done
+    assert named in done, done
+    assert tree(root) == before
+
+
+def test_our_drop_in_named_but_removed_is_written_back(root: Path) -> None:
+    """config.toml names our drop-in by path: without it containerd would not start, so a run puts it back.
+    (On 1.x the node's dump fails then, so runc's ``sandbox_mode``, which containerd fills in itself, is left
+    unwritten: the same config.)"""
+    first = deploy(root, "-y")
+    assert first.startswith("rc=0"), first
+    written = tree(root)
+    assert f"/{DROPIN}" in written[CONFIG].decode()
+    (root / DROPIN).unlink()
+    done = deploy(root, "-y")
+    assert done.startswith("rc=0"), done
+    again = tree(root)
+    assert again[CONFIG] == written[CONFIG]
+    filled = '\nsandbox_mode = "podsandbox"\n'
+    assert again[DROPIN].decode() == written[DROPIN].decode().replace(filled, "\n")
+    dump = subprocess.run(
+        ["chroot", str(root), "containerd", "config", "dump"], capture_output=True, text=True, timeout=60
+    )
+    assert dump.returncode == 0, dump.stderr
+    assert deploy(root, "-y").startswith("rc=0")
+    assert tree(root) == again  # settled: the next run writes nothing

@@ -4,6 +4,12 @@ Each tree's real ``config dump`` (and the staged candidate's, as ``registration`
 without an error, so the dump gate lets it through; the rules refuse it, naming keys and files; and
 for ``mirrors`` with ``config_path`` the real daemon, started briefly in a private namespace, shows
 that its CRI plugin does refuse to start.
+
+An ``imports`` entry naming a file that does not exist (not a glob) is the real daemons' ground truth
+below, on 1.6.20, 1.7.24 and 2.1.9: each exits at start naming the path (a relative entry resolved
+against the config file's directory); 1.6 and 1.7 fail ``config dump`` the same way, while 2.1.9's dump
+exits 0 with no message and prints only what it merged before the missing file. A glob matching
+nothing starts on all three.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdVersion,
     candidate_input,
 )
+from pyinfra_gpunode.operations.containerd import cri_start_problem
 from tests.realbin.namespace import ScenarioHost
 from tests.realbin.scenarios import CONFD, CONFIG, IMPORTS
 
 pytestmark = pytest.mark.containerd
 VERSIONS = ["1.7.24", "2.1.9"]
+ALL_VERSIONS = ["1.6.20", "1.7.24", "2.1.9"]
 MIRRORS_TEXT = "`mirrors` cannot be set when `config_path` is provided"
 
 
@@ -188,3 +196,86 @@ def test_runc_option_in_lower_case_is_refused_in_two_spellings(tmp_path: Path, v
     assert any(
         "options sets one option in 2 spellings" in message and "systemdCgroup = True" in message for message in found
     ), found
+
+
+def exit_line(version: str, path: str) -> str:
+    """The line containerd prints as it exits at start on an import of ``path`` that does not exist."""
+    if version.startswith("1."):
+        return f"containerd: failed to load TOML: {path}: open {path}: no such file or directory"
+    return f"containerd: open {path}: no such file or directory"
+
+
+def our_dropin_gone(tmp_path: Path, version: str) -> ScenarioHost:
+    """A node gpunode wrote (config.toml names our drop-in by path), whose drop-in someone then removed."""
+    schema, _runtime, _images = names(version)
+    host = build(tmp_path, version, {CONFIG: f"version = {schema}\n"})
+    candidate(host)
+    assert OUR_DROPIN in (host.read(CONFIG) or "")
+    host.remove(OUR_DROPIN)
+    return host
+
+
+@pytest.mark.parametrize("version", ALL_VERSIONS)
+def test_config_dump_on_an_import_naming_a_missing_file(tmp_path: Path, version: str) -> None:
+    """1.x's dump fails as its daemon does; 2.x's dump succeeds silently with the files before the missing one."""
+    schema, _runtime, _images = names(version)
+    missing = "/etc/containerd/site/missing.toml"
+    host = build(
+        tmp_path,
+        version,
+        {
+            CONFIG: f'version = {schema}\nimports = ["/etc/containerd/a.toml", "site/missing.toml", '
+            '"/etc/containerd/b.toml"]\n',
+            "/etc/containerd/a.toml": f"version = {schema}\noom_score = -111\n",
+            "/etc/containerd/b.toml": f"version = {schema}\nroot = '/var/lib/containerd-from-b'\n",
+        },
+    )
+    dump = host.fact(ContainerdConfigDump)
+    if version.startswith("1."):
+        assert dump["error"] == exit_line(version, missing), dump
+    else:
+        assert dump["error"] is None and dump["warnings"] == [], dump
+        assert dump["dump"]["oom_score"] == -111  # a.toml, before the missing file, is merged
+        assert dump["dump"]["root"] != "/var/lib/containerd-from-b"  # b.toml, after it, is not
+
+
+@pytest.mark.daemon
+@pytest.mark.parametrize("version", ALL_VERSIONS)
+@pytest.mark.parametrize("case", ["our drop-in gone", "relative entry", "glob matching nothing"])
+def test_real_daemon_on_an_import_naming_a_missing_file(tmp_path: Path, version: str, case: str) -> None:
+    """Ground truth: a named file that does not exist stops the daemon at start; an empty glob does not.
+    (The daemon runs on a copy of config.toml in its state directory: a relative entry resolves there.)"""
+    schema, _runtime, _images = names(version)
+    if case == "our drop-in gone":
+        host, path = our_dropin_gone(tmp_path, version), OUR_DROPIN
+    elif case == "relative entry":
+        host = build(tmp_path, version, {CONFIG: f'version = {schema}\nimports = ["site/10-site.toml"]\n'})
+        path = str(tmp_path / "daemon" / "site" / "10-site.toml")
+    else:
+        host, path = build(tmp_path, version, {CONFIG: f"version = {schema}\n{IMPORTS}"}), ""
+    log = host.run_daemon()
+    if path:
+        assert exit_line(version, path) in log, log
+        assert "containerd successfully booted" not in log
+        assert not re.search("Start cri plugin|starting cri plugin", log)
+    else:
+        assert "containerd successfully booted" in log, log
+        assert cri_failures(log) == []
+
+
+@pytest.mark.parametrize("version", ALL_VERSIONS)
+def test_missing_named_import_on_the_node_is_named_and_the_plan_writes_our_drop_in_back(
+    tmp_path: Path, version: str
+) -> None:
+    """The node's tree as the facts read it: the rule names file, key and path, whatever the dump says; the
+    planner writes the drop-in again, and the candidate loads."""
+    host = our_dropin_gone(tmp_path, version)
+    files = host.fact(ContainerdConfigFiles)
+    assert OUR_DROPIN not in files["texts"]
+    problem = cri_start_problem(host.fact(ContainerdConfigDump), CONFIG, files["texts"])
+    assert problem is not None
+    assert problem.startswith(f"{CONFIG}: key 'imports' names {OUR_DROPIN}, which does not exist: containerd exits")
+    staged, candidate_files = candidate(host)
+    assert staged["error"] is None, staged["error"]
+    assert [config["path"] for config in candidate_files][-1] == OUR_DROPIN
+    assert stopping(cri_start_findings(staged["dump"], candidate_files)) is None

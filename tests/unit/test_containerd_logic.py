@@ -18,6 +18,7 @@ from pyinfra_gpunode.containerd_dump import (
 from pyinfra_gpunode.containerd_files import (
     links_in_the_way,
     load_order,
+    missing_imports,
     not_regular_files,
     resolve_tree,
     strictest_mode,
@@ -63,8 +64,19 @@ def test_glob_star_does_not_cross_directories() -> None:
 def test_missing_import_and_outside_import_are_problems() -> None:
     tree = resolve_tree(MAIN, {MAIN: 'version = 2\nimports = ["/etc/containerd/gone.toml", "/opt/x/*.toml"]\n'})
     assert tree["problems"] == [
-        f"{MAIN}: key 'imports' names /etc/containerd/gone.toml, which does not exist",
+        f"{MAIN}: key 'imports' names /etc/containerd/gone.toml, which does not exist: containerd exits at "
+        "start (open ...: no such file or directory), before any plugin loads",
         f"{MAIN}: key 'imports' entry '/opt/x/*.toml' is outside /etc/containerd",
+    ]
+
+
+def test_an_import_not_named_toml_is_not_called_missing() -> None:
+    """Only ``*.toml`` files are read from the node: another name may exist there, unread."""
+    texts = {MAIN: 'version = 2\nimports = ["/etc/containerd/site.conf"]\n'}
+    assert missing_imports(MAIN, texts) == []
+    assert resolve_tree(MAIN, texts)["problems"] == [
+        f"{MAIN}: key 'imports' names /etc/containerd/site.conf, which gpunode does not read (it reads the "
+        "*.toml files under /etc/containerd); rename it to end in .toml"
     ]
 
 

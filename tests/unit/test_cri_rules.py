@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
-from pyinfra_gpunode.containerd_files import load_order, resolve_tree
-from pyinfra_gpunode.cri_rules import cri_start_findings, stopping
+from pyinfra_gpunode.containerd_files import load_order, missing_imports, resolve_tree
+from pyinfra_gpunode.cri_rules import cri_start_findings, import_findings, stopping
 
 MAIN = "/etc/containerd/config.toml"
 CONFD = "/etc/containerd/conf.d"
@@ -192,3 +192,54 @@ def test_a_main_file_disabling_cri_by_its_id_is_named_first() -> None:
         None,
     )
     assert result.errors[0].startswith("/etc/containerd/config.toml: the CRI plugin is disabled"), result.errors
+
+
+EXITS = "containerd exits at start (open ...: no such file or directory), before any plugin loads"
+
+
+def missing_messages(texts: dict[str, str], dump: dict[str, Any] | None = None) -> list[str]:
+    """The findings for a tree as ``cri_start_problem`` judges the node's: its missing imports first."""
+    found = cri_start_findings(dump or dump1(), files(texts), missing_imports(MAIN, texts))
+    assert all(finding.stops_cri for finding in found)
+    return [finding.message for finding in found]
+
+
+def test_an_import_naming_our_missing_drop_in_stops_containerd() -> None:
+    """config.toml as gpunode writes it names its drop-in by path: without the file containerd does not start."""
+    texts = {MAIN: f'version = 2\nimports = ["{CONFD}/*.toml", "{OUR_DROPIN}"]\n'}
+    assert missing_messages(texts) == [
+        f"{MAIN}: key 'imports' names {OUR_DROPIN}, which does not exist: {EXITS}; put the file back or "
+        f"remove the entry ({OUR_DROPIN} is gpunode's drop-in: a run writes it again)"
+    ]
+    texts[OUR_DROPIN] = "version = 2\n"
+    assert missing_messages(texts) == []
+
+
+def test_a_missing_import_comes_alone_whatever_the_dump_says() -> None:
+    """containerd exits before any plugin: 2.x's dump is then what it merged before the missing file."""
+    texts = {MAIN: f'version = 2\nimports = ["{CONFD}/10-site.toml"]\n'}
+    nvidia_only = {"containerd": {"default_runtime_name": "runc", "runtimes": {"nvidia": RUNC}}}
+    (message,) = missing_messages(texts, dump1(nvidia_only, disabled_plugins=[V2]))
+    assert message.startswith(f"{MAIN}: key 'imports' names {CONFD}/10-site.toml, which does not exist: {EXITS}")
+    assert "gpunode's drop-in" not in message
+    assert stopping(import_findings(missing_imports(MAIN, texts))) == message
+
+
+def test_a_relative_entry_is_named_as_written_and_as_resolved() -> None:
+    """A relative entry resolves against the importing file's directory (nested imports included)."""
+    texts = {
+        MAIN: f'version = 2\nimports = ["{CONFD}/*.toml"]\n',
+        f"{CONFD}/10-site.toml": 'version = 2\nimports = ["../site/extra.toml", "gone.toml"]\n',
+        "/etc/containerd/site/extra.toml": "version = 2\n",
+    }
+    assert missing_messages(texts) == [
+        f"{CONFD}/10-site.toml: key 'imports' entry 'gone.toml' names {CONFD}/gone.toml, which does not exist: "
+        f"{EXITS}; put the file back or remove the entry"
+    ]
+
+
+def test_a_glob_matching_nothing_and_an_outside_path_are_no_missing_import() -> None:
+    """A glob matching nothing starts on every version; a file outside /etc/containerd is not read, so not judged."""
+    texts = {MAIN: f'version = 2\nimports = ["{CONFD}/*.toml", "/opt/site/x.toml", "{CONFD}/site.conf"]\n'}
+    assert missing_imports(MAIN, texts) == []
+    assert missing_messages(texts) == []
