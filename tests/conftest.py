@@ -21,9 +21,43 @@ if importlib.util.find_spec("pyinfra_testing") is not None:
     _testing_util.FakeFact.__bool__ = _fake_fact_bool  # type: ignore[attr-defined]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# The suite's shards, which ``scripts/test.sh`` runs side by side: the tests of the session-long fleets
+# (``fleet``, ``vm_fleet``, the harness), those of the fleets a module boots for itself, and the rest
+# (unit, fixture, real-binary and chroot tests, which boot no host). They share no fleet, so no shard
+# waits for another's fleet lock, and at most one session fleet and one module fleet are up at once.
+SHARDS = ("session", "modules", "fast")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--shard", choices=SHARDS, default=None,
+        help="run one shard of the suite: session (tests of the shared fleets), modules (tests of the fleets "
+        "a module boots for itself) or fast (every test that boots no host)",
+    )  # fmt: skip
+
+
+def shard_of(item: pytest.Item) -> str:
+    """The shard a test belongs to: ``fast`` unless it is marked ``fleet`` or ``vm``; ``modules`` where its
+    module defines a ``fleet`` fixture of its own; else ``session``."""
+    if not (item.get_closest_marker("fleet") or item.get_closest_marker("vm")):
+        return "fast"
+    module = getattr(item, "module", None)
+    return "modules" if module is not None and "fleet" in vars(module) else "session"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep the tiers honest: ``scripts/test.sh --fast`` deselects ``fleet`` and ``vm``, so a test that
-    boots test hosts must carry one of those marks, and a chroot test must not hide among them."""
+    boots test hosts must carry one of those marks, and a chroot test must not hide among them. With
+    ``--shard``, only that shard's tests run."""
+    _check_tiers(items)
+    shard = config.getoption("--shard")
+    if shard:
+        deselected = [item for item in items if shard_of(item) != shard]
+        items[:] = [item for item in items if shard_of(item) == shard]
+        config.hook.pytest_deselected(items=deselected)
+
+
+def _check_tiers(items: list[pytest.Item]) -> None:
     for item in items:
         if not item.nodeid.startswith("tests/"):
             continue
