@@ -5,12 +5,51 @@ from __future__ import annotations
 from typing import TypedDict
 
 from pyinfra.api import FactBase
+from pyinfra.facts.server import LinuxDistribution, LinuxDistributionDict
 from typing_extensions import override
 
+from pyinfra_gpunode.facts.gpus import PCI_SCRIPT, NvidiaGpus, PciInfo
 from pyinfra_gpunode.facts.kernel import HostPrepInfo, HostPrepState
-from pyinfra_gpunode.facts.nvidia import NodeKind, NodeKindInfo
 from pyinfra_gpunode.facts.readiness import NodeReadiness, NodeReadinessInfo
 from pyinfra_gpunode.sections import join_parts, split_parts
+
+KIND_PART = "@@gpunode-kind:"
+
+
+class NodeKindInfo(TypedDict):
+    """``NodeKind``'s value."""
+
+    distribution: LinuxDistributionDict
+    gpus: PciInfo
+
+
+class NodeKind(FactBase[NodeKindInfo]):
+    """
+    Returns in one command what decides which steps a node gets: pyinfra's ``LinuxDistribution``
+    and ``NvidiaGpus``, each as that fact returns it.
+
+    .. code:: python
+
+        {
+            "distribution": {"name": "Debian", "major": 13, "minor": None, "release_meta": {"ID": "debian", ...}},
+            "gpus": {"gpus": [{"address": "0000:07:00.0", "class": "0x030200", "device": "0x20b0"}],
+                     "nvswitches": [], "nvswitch": False},
+        }
+    """
+
+    @override
+    def command(self) -> str:
+        distribution = LinuxDistribution().command()
+        return f"echo '{KIND_PART}distribution'; ({distribution}); echo '{KIND_PART}gpus'; {PCI_SCRIPT}"
+
+    @override
+    def process(self, output: list[str]) -> NodeKindInfo:
+        parts = split_parts(output, KIND_PART, ("distribution", "gpus"))
+        return {
+            "distribution": LinuxDistribution().process(parts["distribution"]),
+            "gpus": NvidiaGpus().process(parts["gpus"]),
+        }
+
 
 PART = "@@gpunode-node:"
 

@@ -25,15 +25,10 @@ from pyinfra_gpunode.facts.containerd import (
     cri_loaded_command,
     service_command,
 )
-from pyinfra_gpunode.facts.nvidia import (
-    NvidiaContainerToolkit,
-    NvidiaHostState,
-    NvidiaHostStateInfo,
-    NvmlInfo,
-    NvmlInfoDict,
-    ToolkitInfo,
-)
+from pyinfra_gpunode.facts.driver import NvidiaHostState, NvidiaHostStateInfo
+from pyinfra_gpunode.facts.nvml import NvmlInfo, NvmlInfoDict
 from pyinfra_gpunode.facts.operator import GpuOperatorInfo, GpuOperatorState
+from pyinfra_gpunode.facts.toolkit import NvidiaContainerToolkit, ToolkitInfo
 from pyinfra_gpunode.platform import PlatformContainerd, platform_containerd
 from pyinfra_gpunode.readiness import DEVICE_PLUGIN_DIR, VALIDATIONS_DIR
 from pyinfra_gpunode.sections import join_parts, marker, split_parts, split_sections

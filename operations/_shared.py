@@ -36,19 +36,15 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdNodeState,
     ContainerdService,
 )
+from pyinfra_gpunode.facts.driver import NvidiaDriver, NvidiaHostState
+from pyinfra_gpunode.facts.gpus import NvidiaGpus
 from pyinfra_gpunode.facts.kernel import NOUVEAU_CONF, HostPrepState, KernelState, NouveauBlacklist
-from pyinfra_gpunode.facts.node import NodeSnapshot
-from pyinfra_gpunode.facts.nvidia import (
-    NodeKind,
-    NvidiaContainerToolkit,
-    NvidiaDriver,
-    NvidiaGpus,
-    NvidiaHostState,
-    NvmlInfo,
-)
+from pyinfra_gpunode.facts.node import NodeKind, NodeSnapshot
+from pyinfra_gpunode.facts.nvml import NvmlInfo
 from pyinfra_gpunode.facts.operator import GpuOperatorState
 from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.facts.readiness import NodeReadiness
+from pyinfra_gpunode.facts.toolkit import NvidiaContainerToolkit
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
 from pyinfra_gpunode.operations._internals import (
     current_host,

@@ -19,7 +19,8 @@ from pyinfra_gpunode.facts.cdi import (
     CdiSpecs,
     refresh_installed,
 )
-from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaGpus
+from pyinfra_gpunode.facts.driver import NvidiaDriver
+from pyinfra_gpunode.facts.gpus import NvidiaGpus
 from pyinfra_gpunode.facts.operator import GpuOperatorState
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail, write_file

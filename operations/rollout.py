@@ -135,7 +135,7 @@ def nvidia_runtime_rolled_out(
       ``restart`` (``rolling``, or ``none``: files only, no restart, outside the turns),
       ``before`` and ``after`` (argv run on the controller around the turn, ``{node}`` and
       ``{hostname}`` filled in; ``[]``: none), ``hook_timeout`` (seconds per hook), ``driver``
-      (the driver changes planned for the turn, as ``nvidia.driver_changes`` lists them) and
+      (the driver changes planned for the turn, as ``driver.driver_changes`` lists them) and
       ``steps`` (a callable adding the driver and GPU operations, called at the turn); a node
       not listed takes the defaults
     + batch: turns at the same time after the canary: a whole number, or a percentage of the

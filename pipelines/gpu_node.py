@@ -21,7 +21,8 @@ from pyinfra.api import State, deploy
 from pyinfra_gpunode.driver_plan import DriverRequest, DriverRequestError, check_request, resolve_source
 from pyinfra_gpunode.driver_versions import same_driver
 from pyinfra_gpunode.facts.containerd import ContainerdNodeState
-from pyinfra_gpunode.facts.nvidia import NodeKind, NvidiaDriver
+from pyinfra_gpunode.facts.driver import NvidiaDriver
+from pyinfra_gpunode.facts.node import NodeKind
 from pyinfra_gpunode.facts.operator import GpuOperatorInfo, GpuOperatorState
 from pyinfra_gpunode.hooks import HOOK_KEYS, check_hook
 from pyinfra_gpunode.hostdata import HostDataError, rollout_settings, world_writable_warnings
@@ -30,16 +31,19 @@ from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import (
     cdi,
     distribution,
+    driver,
+    fabric_manager,
     hostdata,
     kernel,
-    nvidia,
     operator,
     platform,
     rollout,
+    toolkit,
     unattended_upgrades,
 )
 from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.operations._lock import lock_changes
+from pyinfra_gpunode.operations._packages import downloaded_packages
 from pyinfra_gpunode.operations._shared import node_fact, snapshot_binary
 from pyinfra_gpunode.operator import (
     DRIVER_OFF,
@@ -143,7 +147,7 @@ def _register(settings: Settings | None) -> None:
     if settings is None or _platform_refused(settings) or (not checked and _operator_refused(settings, gpu=False)):
         return
     nodes = _NODES.setdefault(current_state(), {})
-    driver, steps = _DRIVER_TURNS.get(current_state(), {}).get(host.name, ([], None))
+    changes, steps = _DRIVER_TURNS.get(current_state(), {}).get(host.name, ([], None))
     nodes[host.name] = {
         "runtime": _runtime(settings),
         "timeout": settings.containerd.restart_timeout,
@@ -151,7 +155,7 @@ def _register(settings: Settings | None) -> None:
         "before": settings.hooks.before,
         "after": settings.hooks.after,
         "hook_timeout": settings.hooks.timeout,
-        "driver": driver,
+        "driver": changes,
         "steps": steps,
     }
     _locked(settings)
@@ -216,19 +220,19 @@ def _operator_refused(settings: Settings, gpu: bool = True) -> bool:
     elif managed:
         notes.append(take_over_note(managed))
     if gpu:
-        driver = node_fact(NvidiaDriver)
-        if driver_from_container(driver, found):
+        driver_info = node_fact(NvidiaDriver)
+        if driver_from_container(driver_info, found):
             source, _ = resolve_source(
-                settings.driver.source, check_request(_driver_request(settings)), driver["kernel_module_version"]
+                settings.driver.source, check_request(_driver_request(settings)), driver_info["kernel_module_version"]
             )
             if source == "packages" and not refusal:
                 refusal = (
-                    f"NVIDIA driver not changed: the driver {driver['kernel_module_version']} comes from the GPU "
+                    f"NVIDIA driver not changed: the driver {driver_info['kernel_module_version']} comes from the GPU "
                     f"Operator's driver container ({DRIVER_ROOT}); installing driver packages would put a second "
                     f"driver beside it. Set `{DRIVER_OFF}` in the operator's Helm values and drain the node first, "
                     "or leave gpunode_driver_branch and gpunode_driver_version unset to keep its driver"
                 )
-            notes.append(_container_driver(driver["kernel_module_version"], found))
+            notes.append(_container_driver(driver_info["kernel_module_version"], found))
     if not refusal and not notes:
         return False
     operator.handed_over(name="GPU Operator: host side handed over", refusal=refusal, notes=notes)
@@ -247,8 +251,8 @@ def _report() -> NodeReport:
 
 
 def _driver_request(settings: Settings) -> DriverRequest:
-    driver = settings.driver
-    return DriverRequest(driver.branch, driver.version, driver.flavor, driver.allow_dkms, driver.mok_enrolled)
+    wanted = settings.driver
+    return DriverRequest(wanted.branch, wanted.version, wanted.flavor, wanted.allow_dkms, wanted.mok_enrolled)
 
 
 def _accepted_settings(gpu: bool = True) -> Settings | None:
@@ -293,14 +297,14 @@ def _driver_ready(settings: Settings) -> bool:
     """``_if`` of the GPU steps after the driver: false (and reported) while a reboot is pending."""
     report = _report()
     if report.driver_ready is None:
-        driver = node_fact(NvidiaDriver)
-        loaded, userspace = driver["kernel_module_version"], driver["userspace_version"]
-        report.driver_ready = bool(loaded and userspace and not driver["mismatch"])
+        driver_info = node_fact(NvidiaDriver)
+        loaded, userspace = driver_info["kernel_module_version"], driver_info["userspace_version"]
+        report.driver_ready = bool(loaded and userspace and not driver_info["mismatch"])
         source, _ = resolve_source(settings.driver.source, check_request(_driver_request(settings)), loaded)
         found = node_fact(GpuOperatorState)
-        container = driver_from_container(driver, found)
+        container = driver_from_container(driver_info, found)
         if source == "preinstalled" and not container:
-            report.skipped.append(f"driver {loaded} ({driver['module_flavor'] or 'unknown flavour'}) preinstalled")
+            report.skipped.append(f"driver {loaded} ({driver_info['module_flavor'] or 'unknown flavour'}) preinstalled")
         if container:
             userspace = container_userspace(found)
             report.driver_ready = bool(loaded and userspace and same_driver(loaded, userspace))
@@ -322,22 +326,22 @@ def _driver_ready(settings: Settings) -> bool:
 
 
 def _driver_arguments(settings: Settings) -> dict[str, Any]:
-    """``nvidia.driver``'s arguments: the driver settings by their own names."""
+    """``driver.driver``'s arguments: the driver settings by their own names."""
     return asdict(settings.driver)
 
 
 def _toolkit_arguments(settings: Settings) -> dict[str, Any]:
-    """``nvidia.container_toolkit``'s arguments (``source``, ``version``, ``deb_dir``)."""
+    """``toolkit.container_toolkit``'s arguments (``source``, ``version``, ``deb_dir``)."""
     return asdict(settings.toolkit)
 
 
 def _toolkit_changes(settings: Settings) -> list[str]:
     """The toolkit's install or upgrade, a node disruption (its postinst reloads systemd and starts the CDI
     refresh), where the toolkit step will run: the driver loaded and matching its userspace."""
-    driver = node_fact(NvidiaDriver)
-    if not (driver["kernel_module_version"] and driver["userspace_version"] and not driver["mismatch"]):
+    driver_info = node_fact(NvidiaDriver)
+    if not (driver_info["kernel_module_version"] and driver_info["userspace_version"] and not driver_info["mismatch"]):
         return []
-    return nvidia.toolkit_changes(**_toolkit_arguments(settings))
+    return toolkit.toolkit_changes(**_toolkit_arguments(settings))
 
 
 def _downloads(settings: Settings) -> None:
@@ -346,8 +350,8 @@ def _downloads(settings: Settings) -> None:
     arguments = {
         key: value for key, value in _driver_arguments(settings).items() if key not in ("reboot", "reboot_timeout")
     }
-    nvidia.driver_downloaded(name="NVIDIA driver: packages downloaded before the turns", **arguments)
-    nvidia.container_toolkit_downloaded(
+    driver.driver_downloaded(name="NVIDIA driver: packages downloaded before the turns", **arguments)
+    toolkit.container_toolkit_downloaded(
         name="NVIDIA Container Toolkit: packages downloaded before the turns", **_toolkit_arguments(settings)
     )
 
@@ -355,19 +359,19 @@ def _downloads(settings: Settings) -> None:
 def _gpu_steps(settings: Settings, in_turn: bool = False) -> None:
     """The driver, then (once it is loaded and matches its userspace) Fabric Manager, the toolkit, CDI.
     ``in_turn``: in the node's rollout turn, installing only what ``_downloads`` put in apt's cache."""
-    downloaded = nvidia.downloaded_packages(current_state(), host.name) if in_turn else None
-    nvidia.driver(
+    downloaded = downloaded_packages(current_state(), host.name) if in_turn else None
+    driver.driver(
         name="NVIDIA driver: installed and held, or preinstalled", downloaded=downloaded, **_driver_arguments(settings)
     )
     ready = partial(_driver_ready, settings)
-    driver, found = node_fact(NvidiaDriver), node_fact(GpuOperatorState)
-    if driver_from_container(driver, found):
+    driver_info, found = node_fact(NvidiaDriver), node_fact(GpuOperatorState)
+    if driver_from_container(driver_info, found):
         _report().skipped.append(f"Fabric Manager: the GPU Operator's driver container ({DRIVER_ROOT}) runs it")
     else:
-        nvidia.fabric_manager(
+        fabric_manager.fabric_manager(
             name="Fabric Manager: matches the driver", preinstalled=_preinstalled(settings), _if=ready
         )
-    nvidia.container_toolkit(
+    toolkit.container_toolkit(
         name="NVIDIA Container Toolkit: installed and held",
         **_toolkit_arguments(settings),
         downloaded=downloaded,
@@ -416,7 +420,7 @@ def gpu_node_prepared() -> None:
     )
     kernel.nouveau_blacklisted(name="nouveau: blacklisted")
     if kind["gpus"]["gpus"]:
-        changes = nvidia.driver_changes(**_driver_arguments(settings)) + _toolkit_changes(settings)
+        changes = driver.driver_changes(**_driver_arguments(settings)) + _toolkit_changes(settings)
         if changes:  # in the node's turn, whatever gpunode_containerd_restart says; downloaded before
             _downloads(settings)
             turns = _DRIVER_TURNS.setdefault(current_state(), {})

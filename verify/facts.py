@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pyinfra.api import FactBase
 
-from pyinfra_gpunode.facts.nvidia import NvidiaGpus
+from pyinfra_gpunode.facts.gpus import NvidiaGpus
 
 from .inventory import Node
 

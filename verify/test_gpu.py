@@ -12,7 +12,10 @@ import pytest
 from pyinfra_gpunode.cdi_checks import missing_devices
 from pyinfra_gpunode.driver_versions import same_driver
 from pyinfra_gpunode.facts.cdi import CdiRefreshUnits, CdiSpecs, refresh_installed
-from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaFabricManager, NvidiaGpus, NvmlInfo
+from pyinfra_gpunode.facts.driver import NvidiaDriver
+from pyinfra_gpunode.facts.fabric_manager import NvidiaFabricManager
+from pyinfra_gpunode.facts.gpus import NvidiaGpus
+from pyinfra_gpunode.facts.nvml import NvmlInfo
 from pyinfra_gpunode.facts.operator import GpuOperatorState
 from pyinfra_gpunode.hostdata import settings as settings_of
 from pyinfra_gpunode.operator import driver_from_container

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from pyinfra_gpunode.facts.nvidia import NvidiaAptVersions, NvidiaDriver, NvidiaHostState, NvmlInfo
+from pyinfra_gpunode.facts.driver import NvidiaDriver, NvidiaHostState
+from pyinfra_gpunode.facts.nvml import NvmlInfo
+from pyinfra_gpunode.facts.package_index import NvidiaAptVersions
 from tests.fleet.roots import writable_copy
 from tests.integration.gpu_state import DRIVER, plant_gpu, plant_module, write
 

@@ -25,7 +25,8 @@ from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
 
 from pyinfra_gpunode.driver_plan import DriverRequest, HostInfo, check_request, plan_driver, wanted_names
-from pyinfra_gpunode.facts.nvidia import NvidiaAptVersions, NvidiaHostState
+from pyinfra_gpunode.facts.driver import NvidiaHostState
+from pyinfra_gpunode.facts.package_index import NvidiaAptVersions
 from pyinfra_gpunode.facts.unattended_upgrades import APT_CONF, NEEDRESTART_CONF
 from pyinfra_gpunode.operations import kernel, unattended_upgrades
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pyinfra_gpunode.facts.nvidia import NVML_SNIPPET, NvmlInfo
+from pyinfra_gpunode.facts.nvml import NVML_SNIPPET, NvmlInfo
 from tests.integration.gpu_state import DRIVER, libnvidia_ml
 
 

@@ -17,18 +17,13 @@ from pyinfra.api.operations import run_ops
 
 from pyinfra_gpunode.facts.cdi import CdiSpecs
 from pyinfra_gpunode.facts.containerd import ContainerdNodeState
+from pyinfra_gpunode.facts.driver import NvidiaDriver, NvidiaHostState
+from pyinfra_gpunode.facts.gpus import NvidiaGpus
 from pyinfra_gpunode.facts.kernel import PREP_PART, HostPrepState, KernelState, NouveauBlacklist
+from pyinfra_gpunode.facts.node import KIND_PART, NodeKind, NodeSnapshot
 from pyinfra_gpunode.facts.node import PART as NODE_PART
-from pyinfra_gpunode.facts.node import NodeSnapshot
-from pyinfra_gpunode.facts.nvidia import (
-    KIND_PART,
-    NodeKind,
-    NvidiaContainerToolkit,
-    NvidiaDriver,
-    NvidiaGpus,
-    NvidiaHostState,
-)
 from pyinfra_gpunode.facts.readiness import PART as READINESS_PART
+from pyinfra_gpunode.facts.toolkit import NvidiaContainerToolkit
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
 from pyinfra_gpunode.operations.kernel import NOUVEAU_CONF
 from pyinfra_gpunode.operations.rollout import REPORTS
@@ -75,8 +70,8 @@ HOST_STATE = [
     "@@kmod_version",
     "550.163.01",
 ]
-LOADED = fixture_output("nvidia.NvidiaDriver", "debian_renamed_modules")  # 550.163.01 loaded
-NOT_LOADED = fixture_output("nvidia.NvidiaDriver", "userspace_only_not_loaded")  # installed, reboot pending
+LOADED = fixture_output("driver.NvidiaDriver", "debian_renamed_modules")  # 550.163.01 loaded
+NOT_LOADED = fixture_output("driver.NvidiaDriver", "userspace_only_not_loaded")  # installed, reboot pending
 
 
 def fake_host(name: str, driver: list[str]) -> tuple[str, dict[str, Any]]:
@@ -101,7 +96,7 @@ def fake_host(name: str, driver: list[str]) -> tuple[str, dict[str, Any]]:
         ContainerdNodeState().command(RUNTIME): (TESTS / "samples/containerd-node-state-1.7-converged.txt")
         .read_text()
         .splitlines(),
-        NvidiaContainerToolkit().command(): fixture_output("nvidia.NvidiaContainerToolkit", "installed_1_17"),
+        NvidiaContainerToolkit().command(): fixture_output("toolkit.NvidiaContainerToolkit", "installed_1_17"),
         CdiSpecs().command(): [],
         NvidiaDriver().command(): driver,
         NodeKind().command(): [
@@ -145,10 +140,10 @@ def snapshot(responses: dict[Any, Any]) -> dict[str, list[str]]:
 
 def h200_host(name: str) -> tuple[str, dict[str, Any]]:
     """The H200 sample: driver 580.159.04 installed outside apt and loaded; no GPU host data at all."""
-    target, data = fake_host(name, fixture_output("nvidia.NvidiaDriver", "h200_open_580_preinstalled"))
+    target, data = fake_host(name, fixture_output("driver.NvidiaDriver", "h200_open_580_preinstalled"))
     responses = data["fake_responses"]
-    responses[NvidiaHostState().command()] = fixture_output("nvidia.NvidiaHostState", "h200_ubuntu_preinstalled")
-    responses[NvidiaGpus().command()] = fixture_output("nvidia.NvidiaGpus", "h200_pcie")
+    responses[NvidiaHostState().command()] = fixture_output("driver.NvidiaHostState", "h200_ubuntu_preinstalled")
+    responses[NvidiaGpus().command()] = fixture_output("gpus.NvidiaGpus", "h200_pcie")
     responses[NodeKind().command()] = [*responses[NodeKind().command()][:6], *responses[NvidiaGpus().command()]]
     responses.update(snapshot(responses))
     return target, {key: value for key, value in data.items() if not key.startswith("gpunode_")}

@@ -50,7 +50,7 @@ H200 = output("readiness.NodeReadiness", "h200_ubuntu2404_preinstalled")
 
 def completed() -> list[str]:
     found = parts(H200)
-    found["toolkit"] = output("nvidia.NvidiaContainerToolkit", "installed_1_17")
+    found["toolkit"] = output("toolkit.NvidiaContainerToolkit", "installed_1_17")
     found["cdi"] = output("cdi.CdiSpecs", "ctk_sorted_yaml_h200")
     found["containerd"] = (TESTS / "samples/containerd-node-state-1.7-converged.txt").read_text().splitlines()
     found["cri"] = ["journal", *output("containerd.ContainerdCriLoaded", "loaded_1_7")]

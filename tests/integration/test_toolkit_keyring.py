@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pyinfra_gpunode.facts.nvidia import NvidiaContainerToolkit, primary_fingerprints
-from pyinfra_gpunode.operations.nvidia import keyring_script
+from pyinfra_gpunode.facts.toolkit import NvidiaContainerToolkit, primary_fingerprints
+from pyinfra_gpunode.operations.toolkit import keyring_script
 from pyinfra_gpunode.toolkit_plan import keyring_needs_pin, toolkit_source
 
 pytestmark = [

@@ -9,7 +9,7 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.context import ctx_host, ctx_state
 
 from pyinfra_gpunode.operations import _lock
-from pyinfra_gpunode.operations.nvidia import MODULE_WAIT, _rebooted
+from pyinfra_gpunode.operations.driver import MODULE_WAIT, _rebooted
 
 
 @pytest.fixture

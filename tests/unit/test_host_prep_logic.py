@@ -125,11 +125,19 @@ def test_trailing_newline_is_not_a_name() -> None:
 
 
 def _operations() -> list[object]:
-    from pyinfra_gpunode.operations import cdi, distribution, kernel, nvidia, unattended_upgrades
+    from pyinfra_gpunode.operations import (
+        cdi,
+        distribution,
+        driver,
+        fabric_manager,
+        kernel,
+        toolkit,
+        unattended_upgrades,
+    )
 
     return [
-        kernel.held, kernel.nouveau_blacklisted, unattended_upgrades.configured, nvidia.driver,
-        nvidia.fabric_manager, nvidia.container_toolkit, cdi.spec, distribution.supported,
+        kernel.held, kernel.nouveau_blacklisted, unattended_upgrades.configured, driver.driver,
+        fabric_manager.fabric_manager, toolkit.container_toolkit, cdi.spec, distribution.supported,
     ]  # fmt: skip
 
 
@@ -144,11 +152,21 @@ def test_operation_docstrings_follow_pyinfra(op: object) -> None:
 
 
 def _facts() -> list[type]:
-    from pyinfra_gpunode.facts import cdi, kernel, nvidia, unattended_upgrades
+    from pyinfra_gpunode.facts import (
+        cdi,
+        driver,
+        fabric_manager,
+        gpus,
+        kernel,
+        nvml,
+        package_index,
+        toolkit,
+        unattended_upgrades,
+    )
 
     return [
-        nvidia.NvidiaDriver, nvidia.NvidiaGpus, nvidia.NvmlInfo, nvidia.NvidiaFabricManager,
-        nvidia.NvidiaContainerToolkit, nvidia.NvidiaHostState, nvidia.NvidiaAptVersions, cdi.CdiSpecs,
+        driver.NvidiaDriver, gpus.NvidiaGpus, nvml.NvmlInfo, fabric_manager.NvidiaFabricManager,
+        toolkit.NvidiaContainerToolkit, driver.NvidiaHostState, package_index.NvidiaAptVersions, cdi.CdiSpecs,
         kernel.KernelState, kernel.KernelSecureBoot, kernel.NouveauBlacklist,
         unattended_upgrades.UnattendedUpgradesState,
     ]  # fmt: skip

@@ -47,7 +47,7 @@ def converged_containerd() -> dict[str, Any]:
 def healthy() -> dict[str, Any]:
     """The H200 with the toolkit, nvidia-ctk's real spec for it, containerd 1.7 converged and a device plugin."""
     facts = h200()
-    facts["toolkit"] = fixture("nvidia.NvidiaContainerToolkit/installed_1_17")
+    facts["toolkit"] = fixture("toolkit.NvidiaContainerToolkit/installed_1_17")
     facts["cdi"] = fixture("cdi.CdiSpecs/ctk_sorted_yaml_h200")
     facts["containerd"] = converged_containerd()
     facts["cri"] = fixture("containerd.ContainerdCriLoaded/loaded_1_7")
@@ -97,7 +97,7 @@ def test_h200_with_toolkit_spec_containerd_and_plugin_is_ready() -> None:
 
 def test_module_not_loaded_after_install() -> None:
     facts = healthy()
-    facts["host"]["driver"] = fixture("nvidia.NvidiaDriver/userspace_only_not_loaded")
+    facts["host"]["driver"] = fixture("driver.NvidiaDriver/userspace_only_not_loaded")
     facts["host"]["packages"] = {"nvidia-driver": {"version": "550.163.01-2", "held": True}}
     facts["host"]["module_built"] = True
     link, cause, fix = first_broken(facts)
@@ -108,7 +108,7 @@ def test_module_not_loaded_after_install() -> None:
 
 def test_module_not_built_for_the_running_kernel() -> None:
     facts = healthy()
-    facts["host"]["driver"] = fixture("nvidia.NvidiaDriver/userspace_only_not_loaded")
+    facts["host"]["driver"] = fixture("driver.NvidiaDriver/userspace_only_not_loaded")
     facts["host"]["packages"] = {"nvidia-driver": {"version": "550.163.01-2", "held": True}}
     facts["host"]["module_built"] = False
     link, cause, fix = first_broken(facts)
@@ -118,8 +118,8 @@ def test_module_not_built_for_the_running_kernel() -> None:
 
 def test_module_loaded_at_another_version_than_the_library_is_a_pending_reboot() -> None:
     facts = healthy()
-    facts["host"]["driver"] = fixture("nvidia.NvidiaDriver/mismatch")
-    facts["nvml"] = fixture("nvidia.NvmlInfo/mismatch")
+    facts["host"]["driver"] = fixture("driver.NvidiaDriver/mismatch")
+    facts["nvml"] = fixture("nvml.NvmlInfo/mismatch")
     link, cause, fix = first_broken(facts)
     assert link == "nvml"
     assert cause.startswith("reboot pending after an upgrade: the loaded module is 510.73.05")
@@ -129,7 +129,7 @@ def test_module_loaded_at_another_version_than_the_library_is_a_pending_reboot()
 
 def test_nvml_failing_for_another_reason_names_the_error() -> None:
     facts = healthy()
-    facts["nvml"] = fixture("nvidia.NvmlInfo/library_not_found")
+    facts["nvml"] = fixture("nvml.NvmlInfo/library_not_found")
     link, cause, fix = first_broken(facts)
     assert link == "nvml" and cause == "the nvidia 580.159.04 module is loaded but NVML fails with LibraryNotFound"
     assert "ldconfig" in fix
@@ -152,7 +152,7 @@ def test_cdi_spec_missing() -> None:
 
 def test_cdi_spec_generated_for_another_driver() -> None:
     facts = healthy()
-    facts["host"]["driver"] = fixture("nvidia.NvidiaDriver/open_565")
+    facts["host"]["driver"] = fixture("driver.NvidiaDriver/open_565")
     facts["nvml"] = None
     link, cause, fix = first_broken(facts)
     assert link == "cdi"
@@ -178,8 +178,8 @@ def test_cdi_spec_that_does_not_parse() -> None:
 
 def test_fabric_manager_at_another_version_on_an_nvswitch_node() -> None:
     facts = healthy()
-    facts["host"]["pci"] = fixture("nvidia.NvidiaGpus/dgx_a100_nvswitch")
-    facts["host"]["fabric_manager"] = fixture("nvidia.NvidiaFabricManager/cuda_repo_held")
+    facts["host"]["pci"] = fixture("gpus.NvidiaGpus/dgx_a100_nvswitch")
+    facts["host"]["fabric_manager"] = fixture("fabric_manager.NvidiaFabricManager/cuda_repo_held")
     link, cause, fix = first_broken(facts)
     assert link == "fabric_manager"
     assert cause.startswith("Fabric Manager 595.71.05 does not match the loaded driver 580.159.04")
@@ -188,8 +188,8 @@ def test_fabric_manager_at_another_version_on_an_nvswitch_node() -> None:
 
 def test_fabric_manager_inactive_on_an_nvswitch_node() -> None:
     facts = healthy()
-    facts["host"]["pci"] = fixture("nvidia.NvidiaGpus/dgx_a100_nvswitch")
-    fm = fixture("nvidia.NvidiaFabricManager/cuda_repo_held")
+    facts["host"]["pci"] = fixture("gpus.NvidiaGpus/dgx_a100_nvswitch")
+    fm = fixture("fabric_manager.NvidiaFabricManager/cuda_repo_held")
     fm.update(version="580.159.04-1", active="failed")
     facts["host"]["fabric_manager"] = fm
     link, cause, fix = first_broken(facts)
@@ -426,8 +426,8 @@ def test_no_journal_leaves_the_running_daemon_unknown() -> None:
 
 def test_node_without_gpu_has_only_containerd_links() -> None:
     facts = healthy()
-    facts["host"]["pci"] = fixture("nvidia.NvidiaGpus/no_gpu")
-    facts["toolkit"] = fixture("nvidia.NvidiaContainerToolkit/absent")
+    facts["host"]["pci"] = fixture("gpus.NvidiaGpus/no_gpu")
+    facts["toolkit"] = fixture("toolkit.NvidiaContainerToolkit/absent")
     found = states(facts)
     gpu_links = [name for name in found if not name.startswith(("containerd", "runtime_"))]
     assert {found[name] for name in gpu_links} == {NOT_APPLICABLE}
@@ -436,8 +436,8 @@ def test_node_without_gpu_has_only_containerd_links() -> None:
 
 def test_fleet_summary_groups_nodes_by_first_broken_link_and_json_matches_the_text() -> None:
     pending = healthy()
-    pending["host"]["driver"] = fixture("nvidia.NvidiaDriver/mismatch")
-    pending["nvml"] = fixture("nvidia.NvmlInfo/mismatch")
+    pending["host"]["driver"] = fixture("driver.NvidiaDriver/mismatch")
+    pending["nvml"] = fixture("nvml.NvmlInfo/mismatch")
     reports = [
         assess("gpu1", healthy(), BINARY, SPEC),
         assess("gpu2", h200(), BINARY, SPEC),
@@ -465,7 +465,7 @@ def test_xid_section_without_xid_lines(line: str) -> None:
 
 def test_gpu_without_driver_packages_is_told_apart_from_a_module_not_built() -> None:
     facts = h200()
-    facts["host"]["driver"] = fixture("nvidia.NvidiaDriver/no_nvidia_software")
+    facts["host"]["driver"] = fixture("driver.NvidiaDriver/no_nvidia_software")
     facts["host"]["packages"] = {"linux-headers-6.18.44-fc-v657-gpu": {"version": "6.18.44-1", "held": False}}
     link, cause, fix = first_broken(facts)
     assert link == "module" and cause.startswith("no NVIDIA driver is installed") and "gpunode_driver_branch" in fix

@@ -1,5 +1,5 @@
 """A toolkit install or upgrade is a node disruption planned for the node's turn, and the CDI spec has
-one owner: the planner agrees with ``nvidia.container_toolkit``'s golden fixtures, node by node."""
+one owner: the planner agrees with ``toolkit.container_toolkit``'s golden fixtures, node by node."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from pyinfra_gpunode.facts.nvidia import TOOLKIT_PACKAGES
+from pyinfra_gpunode.facts.toolkit import TOOLKIT_PACKAGES
 from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, cdi_owner, check_toolkit, toolkit_install
 
-FIXTURES = Path(__file__).resolve().parents[1] / "operations" / "nvidia.container_toolkit"
+FIXTURES = Path(__file__).resolve().parents[1] / "operations" / "toolkit.container_toolkit"
 
 
 def planned(case: dict[str, Any]) -> str | None:
     kwargs = case.get("kwargs", {})
     source = kwargs.get("source", "auto")
     version = check_toolkit(source, kwargs.get("version"), kwargs.get("deb_dir"))
-    toolkit = case["facts"]["nvidia.NvidiaContainerToolkit"]
+    toolkit = case["facts"]["toolkit.NvidiaContainerToolkit"]
     outside = bool(toolkit.get("ctk_path") and toolkit["runtime_binary"])
     return toolkit_install(source, version, toolkit["packages"], outside, TOOLKIT_PACKAGES)
 

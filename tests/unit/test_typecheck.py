@@ -15,7 +15,7 @@ def test_a_wrong_call_between_the_packages_modules_fails_the_type_check(tmp_path
     for name in ("gpunode", "facts", "operations", "verify", "templates"):
         shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path)
-    module = tmp_path / "operations" / "nvidia.py"
+    module = tmp_path / "operations" / "driver.py"
     text = module.read_text()
     assert "\nfrom pyinfra_gpunode.driver_versions import same_driver" in text
     module.write_text(text + "\n\ndef _mistyped() -> bool:\n    return same_driver(1, 2, 3)\n")
@@ -29,4 +29,4 @@ def test_a_wrong_call_between_the_packages_modules_fails_the_type_check(tmp_path
     )
 
     assert result.returncode != 0, result.stdout + result.stderr
-    assert f'operations/nvidia.py:{line}: error: Too many arguments for "same_driver"' in result.stdout, result.stdout
+    assert f'operations/driver.py:{line}: error: Too many arguments for "same_driver"' in result.stdout, result.stdout

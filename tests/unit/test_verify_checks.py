@@ -22,7 +22,10 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdCriLoaded,
     ContainerdService,
 )
-from pyinfra_gpunode.facts.nvidia import NvidiaDriver, NvidiaFabricManager, NvidiaGpus, NvmlInfo
+from pyinfra_gpunode.facts.driver import NvidiaDriver
+from pyinfra_gpunode.facts.fabric_manager import NvidiaFabricManager
+from pyinfra_gpunode.facts.gpus import NvidiaGpus
+from pyinfra_gpunode.facts.nvml import NvmlInfo
 from pyinfra_gpunode.facts.operator import GpuOperatorState
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
 from pyinfra_gpunode.sections import split_sections
@@ -86,18 +89,18 @@ def outcome(check: Any, checked: Node) -> str:
 # --- GPU checks: an H200 node with driver 580.159.04 (open module, preinstalled) -------------------------
 
 H200 = {
-    (NvidiaGpus, ""): captured("nvidia.NvidiaGpus", "h200_pcie"),
-    (NvidiaDriver, ""): captured("nvidia.NvidiaDriver", "h200_open_580_preinstalled"),
-    (NvmlInfo, ""): captured("nvidia.NvmlInfo", "h200_open_580_preinstalled"),
+    (NvidiaGpus, ""): captured("gpus.NvidiaGpus", "h200_pcie"),
+    (NvidiaDriver, ""): captured("driver.NvidiaDriver", "h200_open_580_preinstalled"),
+    (NvmlInfo, ""): captured("nvml.NvmlInfo", "h200_open_580_preinstalled"),
     (CdiSpecs, ""): captured("cdi.CdiSpecs", "ctk_sorted_yaml_h200"),
-    (NvidiaFabricManager, ""): captured("nvidia.NvidiaFabricManager", "not_installed"),
+    (NvidiaFabricManager, ""): captured("fabric_manager.NvidiaFabricManager", "not_installed"),
     (CdiRefreshUnits, ""): captured("cdi.CdiRefreshUnits", "toolkit_1_17_none"),
     (GpuOperatorState, ""): captured("operator.GpuOperatorState", "no_operator"),
 }
 # The same with a second GPU on the PCI bus that NVML does not see (and the spec does not list).
-TWO_GPUS = captured("nvidia.NvidiaGpus", "h200_pcie")
+TWO_GPUS = captured("gpus.NvidiaGpus", "h200_pcie")
 TWO_GPUS.insert(2, TWO_GPUS[1].replace("0000:00:06.0", "0000:00:07.0"))
-DGX = captured("nvidia.NvidiaGpus", "dgx_a100_nvswitch")
+DGX = captured("gpus.NvidiaGpus", "dgx_a100_nvswitch")
 
 
 def gpu_node(executables: tuple[str, ...] = (RUNTIME,), **changed: list[str]) -> Node:
@@ -111,12 +114,12 @@ def gpu_node(executables: tuple[str, ...] = (RUNTIME,), **changed: list[str]) ->
 GPU_CHECKS = {
     "test_driver_loaded_and_matches_userspace": (
         gpu_node(),
-        gpu_node(NvidiaDriver=captured("nvidia.NvidiaDriver", "mismatch")),
+        gpu_node(NvidiaDriver=captured("driver.NvidiaDriver", "mismatch")),
         "failed: kernel module 510.73.05 but userspace library 515.48.07: a reboot is pending",
     ),
     "test_nvml_driver_matches_module": (
         gpu_node(),
-        gpu_node(NvmlInfo=captured("nvidia.NvmlInfo", "working")),  # NVML 550.54.15
+        gpu_node(NvmlInfo=captured("nvml.NvmlInfo", "working")),  # NVML 550.54.15
         "failed: NVML reports driver 550.54.15, module 580.159.04 is loaded",
     ),
     "test_nvml_sees_every_pci_gpu": (
@@ -125,7 +128,7 @@ GPU_CHECKS = {
         "failed: NVML sees 1 GPU(s), the PCI bus has 2",
     ),
     "test_fabric_manager_active_on_nvswitch_nodes": (
-        gpu_node(NvidiaGpus=DGX, NvidiaFabricManager=captured("nvidia.NvidiaFabricManager", "cuda_repo_held")),
+        gpu_node(NvidiaGpus=DGX, NvidiaFabricManager=captured("fabric_manager.NvidiaFabricManager", "cuda_repo_held")),
         gpu_node(NvidiaGpus=DGX),
         "failed: nvidia-fabricmanager.service is inactive",
     ),
@@ -163,7 +166,7 @@ def test_gpu_check_fails_on_a_wrong_node(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(GPU_CHECKS))
 def test_gpu_check_skips_a_node_without_gpu(name: str) -> None:
-    assert outcome(getattr(gpu_checks, name), gpu_node(NvidiaGpus=captured("nvidia.NvidiaGpus", "no_gpu"))) == (
+    assert outcome(getattr(gpu_checks, name), gpu_node(NvidiaGpus=captured("gpus.NvidiaGpus", "no_gpu"))) == (
         "skipped: node1: no NVIDIA GPU on the PCI bus"
     )
 

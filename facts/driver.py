@@ -1,0 +1,213 @@
+"""Facts about the NVIDIA driver: the loaded module and its userspace, and everything the driver
+operations decide on, in one read."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from pyinfra_gpunode.driver_versions import parse_proc_version, version_from_library
+from pyinfra_gpunode.facts.fabric_manager import FABRIC_MANAGER_SCRIPT, FabricManagerInfo, parse_fabric_manager
+from pyinfra_gpunode.facts.gpus import PCI_SCRIPT, PciInfo, parse_pci
+from pyinfra_gpunode.facts.kernel import SECURE_BOOT_SCRIPT, parse_secure_boot
+from pyinfra_gpunode.sections import PackageStatus, dpkg_query, marker, parse_dpkg_status, split_sections
+
+
+class DriverInfo(TypedDict):
+    """``NvidiaDriver``'s value (also ``NvidiaHostState``'s ``driver``)."""
+
+    loaded: bool
+    kernel_module_version: str | None
+    module_flavor: str | None
+    userspace_version: str | None
+    mismatch: bool
+    nvidia_smi_ok: bool
+    library: str | None
+    library_package: str | None
+
+
+class NvidiaHostStateInfo(TypedDict):
+    """``NvidiaHostState``'s value."""
+
+    distro: str | None
+    release: str | None
+    arch: str | None
+    kernel: str | None
+    secure_boot: bool | None
+    pci: PciInfo
+    driver: DriverInfo
+    fabric_manager: FabricManagerInfo
+    packages: dict[str, PackageStatus]
+    module_built: bool
+    built_module_version: str | None
+
+
+DRIVER_SCRIPT = "; ".join(
+    [
+        "PATH=$PATH:/sbin:/usr/sbin",
+        marker("module"),
+        "if [ -r /sys/module/nvidia/version ]; then cat /sys/module/nvidia/version; fi",
+        marker("proc"),
+        "if [ -r /proc/driver/nvidia/version ]; then cat /proc/driver/nvidia/version; fi",
+        marker("library"),
+        "nvml=$(ldconfig -p 2>/dev/null | awk '$1 == \"libnvidia-ml.so.1\" && /x86-64|AArch64/ {print $NF}' "
+        '| while read -r lib; do readlink -f "$lib"; done)',
+        'if [ -n "$nvml" ]; then echo "$nvml"; fi',
+        # The package owning the library the loader picks first (dpkg may know it without /usr).
+        marker("library_package"),
+        'first=$(echo "$nvml" | head -n 1)',
+        'if [ -n "$first" ] && command -v dpkg-query >/dev/null 2>&1; then '
+        'dpkg-query -S "$first" "${first#/usr}" 2>/dev/null | head -n 1; fi',
+        # Only with the module loaded: nvidia-smi (through nvidia-modprobe) would load it otherwise.
+        marker("smi"),
+        "if [ -d /sys/module/nvidia ] && command -v nvidia-smi >/dev/null 2>&1; then "
+        "nvidia-smi --query-gpu=driver_version --format=csv,noheader >/dev/null 2>&1; echo rc=$?; fi",
+    ]
+)
+
+
+DRIVER_PACKAGE_PATTERNS = (
+    "nvidia-*",
+    "libnvidia-*",
+    "linux-modules-nvidia-*",
+    "linux-objects-nvidia-*",
+    "linux-signatures-nvidia-*",
+    "linux-headers-*",
+    "firmware-nvidia-*",
+)
+
+
+def parse_driver(sections: dict[str, list[str]]) -> DriverInfo:
+    module = next((line.strip() for line in sections.get("module", []) if line.strip()), None)
+    proc = parse_proc_version("\n".join(sections.get("proc", [])))
+    paths = [line.strip() for line in sections.get("library", []) if line.strip()]
+    userspace = next((version for version in map(version_from_library, paths) if version), None)
+    owners = [line.split(": ", 1)[0] for line in sections.get("library_package", []) if ": " in line]
+    smi = [line.strip() for line in sections.get("smi", []) if line.startswith("rc=")]
+    kernel_version = module or (proc[0] if proc else None)
+    return {
+        "loaded": module is not None or proc is not None,
+        "kernel_module_version": kernel_version,
+        "module_flavor": proc[1] if proc else None,
+        "userspace_version": userspace,
+        "mismatch": bool(kernel_version and userspace and kernel_version != userspace),
+        "nvidia_smi_ok": smi == ["rc=0"],
+        "library": paths[0] if paths else None,
+        "library_package": owners[0].split(":", 1)[0] if owners else None,
+    }
+
+
+def _no_driver() -> DriverInfo:
+    return parse_driver({})
+
+
+class NvidiaDriver(FactBase[DriverInfo]):
+    """
+    Returns the NVIDIA driver state without NVML: the loaded kernel module's version
+    (``/sys/module/nvidia/version``, else ``/proc/driver/nvidia/version``, either layout), its
+    flavour, the userspace version (the ``libnvidia-ml.so.1`` the loader resolves), whether
+    the two differ, whether ``nvidia-smi`` works (asked only while the module is loaded, since it
+    may load it), and that library's resolved path and the
+    package owning it (None for a driver installed outside the package manager).
+
+    .. code:: python
+
+        {
+            "loaded": True,
+            "kernel_module_version": "580.95.05",
+            "module_flavor": "open",
+            "userspace_version": "580.95.05",
+            "mismatch": False,
+            "nvidia_smi_ok": True,
+            "library": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05",
+            "library_package": "libnvidia-compute-580-server",
+        }
+    """
+
+    @override
+    def command(self) -> str:
+        return DRIVER_SCRIPT
+
+    @staticmethod
+    def default() -> DriverInfo:
+        return _no_driver()
+
+    @override
+    def process(self, output: list[str]) -> DriverInfo:
+        return parse_driver(split_sections(output))
+
+
+class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
+    """
+    Returns everything the driver and Fabric Manager operations decide on, in one read:
+    distribution (``os-release`` ID and VERSION_ID), architecture, running kernel, Secure
+    Boot, the PCI devices (as ``NvidiaGpus``), the driver (as ``NvidiaDriver``), Fabric
+    Manager (as ``NvidiaFabricManager``), the installed driver-related packages, whether
+    an NVIDIA module file exists for the running kernel (``module_built``), and the version of
+    the ``nvidia`` module ``modinfo`` finds for the running kernel (``built_module_version``;
+    Debian's renamed ``nvidia-current`` too), None without one.
+
+    .. code:: python
+
+        {
+            "distro": "debian", "release": "13", "arch": "amd64",
+            "kernel": "6.12.117+deb13-amd64", "secure_boot": False,
+            "pci": {"gpus": [], "nvswitches": [], "nvswitch": False},
+            "driver": {"loaded": False, "kernel_module_version": None, "module_flavor": None,
+                       "userspace_version": None, "mismatch": False, "nvidia_smi_ok": False,
+                       "library": None, "library_package": None},
+            "fabric_manager": {"packages": {}, "held": [], "version": None,
+                               "active": None, "enabled": None},
+            "packages": {"nvidia-driver": {"version": "550.163.01-2", "held": True}},
+            "module_built": True,
+            "built_module_version": "550.163.01",
+        }
+    """
+
+    @override
+    def command(self) -> str:
+        return "; ".join(
+            [
+                marker("os"),
+                'if [ -r /etc/os-release ]; then . /etc/os-release; echo "$ID"; echo "$VERSION_ID"; fi',
+                marker("arch"),
+                "dpkg --print-architecture 2>/dev/null || uname -m",
+                marker("kernel"),
+                "uname -r",
+                SECURE_BOOT_SCRIPT,
+                PCI_SCRIPT,
+                DRIVER_SCRIPT,
+                FABRIC_MANAGER_SCRIPT,
+                marker("packages"),
+                dpkg_query(*DRIVER_PACKAGE_PATTERNS),
+                marker("kmod"),
+                "find /lib/modules/\"$(uname -r)\" -name 'nvidia*.ko*' 2>/dev/null | head -n 1",
+                marker("kmod_version"),
+                'modinfo -k "$(uname -r)" -F version nvidia 2>/dev/null '
+                '|| modinfo -k "$(uname -r)" -F version nvidia-current 2>/dev/null || true',
+            ]
+        )
+
+    @override
+    def process(self, output: list[str]) -> NvidiaHostStateInfo:
+        sections = split_sections(output)
+        os_lines = [line.strip() for line in sections.get("os", [])] + ["", ""]
+        arch = [line.strip() for line in sections.get("arch", []) if line.strip()]
+        kernel = [line.strip() for line in sections.get("kernel", []) if line.strip()]
+        return {
+            "distro": os_lines[0] or None,
+            "release": os_lines[1] or None,
+            "arch": arch[0] if arch else None,
+            "kernel": kernel[0] if kernel else None,
+            "secure_boot": parse_secure_boot(sections.get("secureboot", [])),
+            "pci": parse_pci(sections),
+            "driver": parse_driver(sections),
+            "fabric_manager": parse_fabric_manager(sections),
+            "packages": dict(sorted(parse_dpkg_status(sections.get("packages", [])).items())),
+            "module_built": any(line.strip() for line in sections.get("kmod", [])),
+            "built_module_version": next(
+                (line.strip() for line in sections.get("kmod_version", []) if line.strip()), None
+            ),
+        }

@@ -1,0 +1,100 @@
+"""Package installs, holds and downloads into apt's cache, shared by the driver, Fabric Manager and toolkit
+operations, and what each node downloaded before the rollout's turns."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Generator, Mapping
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host, state
+from pyinfra.api import QuoteString, State, StringCommand
+
+from pyinfra_gpunode import shell
+from pyinfra_gpunode.facts.package_index import AptDownloads, AptDownloadsInfo
+from pyinfra_gpunode.log import logger, shown
+from pyinfra_gpunode.operations._atomic import fail as _fail
+from pyinfra_gpunode.operations._internals import current_state, in_a_run
+
+
+def pins_of(packages: Mapping[str, str]) -> list[str]:
+    """``name=version`` (``name`` where any version will do), sorted by name."""
+    return [f"{name}={version}" if version else name for name, version in sorted(packages.items())]
+
+
+def install(packages: dict[str, str], download: bool = True) -> StringCommand:
+    """apt-get install of exactly these versions; without ``download`` only from apt's cache (apt fails
+    rather than fetch a file that is not there)."""
+    return StringCommand(
+        "env",
+        "DEBIAN_FRONTEND=noninteractive",
+        "NEEDRESTART_SUSPEND=1",
+        "apt-get",
+        "install",
+        "-y",
+        "--no-install-recommends",
+        "--allow-change-held-packages",
+        *([] if download else ["--no-download"]),
+        *[QuoteString(pin) for pin in pins_of(packages)],
+    )
+
+
+# Downloads into apt's cache, installing nothing; ends with apt's first error when it fails.
+_DOWNLOAD_SCRIPT = shell.script(Path(__file__).parent / "shell" / "apt-download.sh")
+
+
+def download(packages: Mapping[str, str]) -> StringCommand:
+    return StringCommand(shell.command(_DOWNLOAD_SCRIPT, "gpunode-download", *pins_of(packages)))
+
+
+# Per run (State): host name -> the packages downloaded into apt's cache before the rollout's turns (name ->
+# exact version; ``""``: any), which the node's turn installs without downloading.
+_DOWNLOADED: weakref.WeakKeyDictionary[State, dict[str, dict[str, str]]] = weakref.WeakKeyDictionary()
+
+
+def downloaded_packages(run: State, name: str) -> dict[str, str] | None:
+    """What ``driver_downloaded`` and ``container_toolkit_downloaded`` put in node ``name``'s apt cache in
+    this run (``{}``: nothing was needed); None where neither ran there."""
+    found = _DOWNLOADED.get(run, {}).get(name)
+    return None if found is None else dict(found)
+
+
+def record(packages: Mapping[str, str]) -> None:
+    """Remember, for the node's turn, what is in its apt cache now (only once the run executes)."""
+    if state.is_executing and in_a_run():
+        _DOWNLOADED.setdefault(current_state(), {}).setdefault(host.name, {}).update(packages)
+
+
+def _size(total: int) -> str:
+    return f"{total / 1e6:.1f} MB" if total >= 100_000 else f"{total / 1e3:.1f} kB"
+
+
+def downloaded(
+    what: str, packages: dict[str, str], needed: AptDownloadsInfo | None = None
+) -> Generator[Any, Any, None]:
+    """Download ``packages`` (what the turn installs) into apt's cache; nothing when apt needs no file.
+    ``needed``: apt's answer for them, when read already."""
+    pins = pins_of(packages)
+    if needed is None:
+        needed = host.get_fact(AptDownloads, packages=pins)
+    if needed["error"]:
+        yield _fail(f"{what}: apt cannot install {', '.join(pins)}: {shown(needed['error'], 200)}")
+        return
+    if not needed["files"]:
+        record(packages)
+        if not state.is_executing:
+            logger.info("%splan: %s in apt's cache: %s; the turn installs without downloading",
+                        host.print_prefix, what, ", ".join(pins))  # fmt: skip
+        host.noop(f"{what} packages are in apt's cache: {', '.join(pins)}")
+        return
+    if not state.is_executing:
+        total = sum(found["size"] for found in needed["files"])
+        logger.info("%splan: download before the turns: %s (%d files, %s); the turn installs without downloading",
+                    host.print_prefix, ", ".join(pins), len(needed["files"]), _size(total))  # fmt: skip
+    yield download(packages)
+    record(packages)
+
+
+def hold(names: list[str]) -> StringCommand:
+    return StringCommand("apt-mark", "hold", *[QuoteString(name) for name in sorted(names)])

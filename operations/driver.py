@@ -1,0 +1,398 @@
+"""Install and hold the NVIDIA driver pinned to an exact version, or accept the node's own."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Mapping
+from typing import Any
+
+from pyinfra import host, state
+from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
+from pyinfra.facts.server import Command
+
+from pyinfra_gpunode.driver_plan import (
+    DRIVER_SOURCES,
+    DriverPlan,
+    DriverRequest,
+    DriverRequestError,
+    HostInfo,
+    check_request,
+    foreign_driver,
+    plan_driver,
+    preinstalled_driver,
+    resolve_source,
+    wanted_names,
+)
+from pyinfra_gpunode.driver_versions import same_driver
+from pyinfra_gpunode.facts.driver import DriverInfo, NvidiaDriver, NvidiaHostState, NvidiaHostStateInfo
+from pyinfra_gpunode.facts.operator import GpuOperatorState
+from pyinfra_gpunode.facts.package_index import NvidiaAptVersions
+from pyinfra_gpunode.hostdata import REBOOT_TIMEOUTS
+from pyinfra_gpunode.log import logger
+from pyinfra_gpunode.operations import _lock, _packages
+from pyinfra_gpunode.operations._atomic import fail as _fail
+from pyinfra_gpunode.operations._internals import current_state
+from pyinfra_gpunode.operations._lock import locked_before_changes
+from pyinfra_gpunode.operations._shared import node_fact
+from pyinfra_gpunode.operator import DRIVER_ROOT, driver_from_container
+from pyinfra_gpunode.settings import DRIVER_FLAVOR, DRIVER_SOURCE, REBOOT_TIMEOUT
+
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+MODULE_WAIT = 60  # seconds a rebooted node's udev may take to load the nvidia module
+# Waits (at most MODULE_WAIT s) for the module; exits 0 either way: the check after it names what is loaded.
+MODULE_LOADED_WAIT = (
+    f"i=0; while [ ! -e /sys/module/nvidia/version ] && [ $i -lt {MODULE_WAIT} ]; do sleep 1; i=$((i + 1)); done"
+)
+
+
+def _host_info(facts: NvidiaHostStateInfo) -> HostInfo:
+    return HostInfo(
+        distro=facts["distro"] or "",
+        release=facts["release"] or "",
+        kernel=facts["kernel"] or "",
+        arch=facts["arch"] or "amd64",
+        secure_boot=facts["secure_boot"],
+    )
+
+
+@operation()
+@locked_before_changes
+def driver(
+    source: str = DRIVER_SOURCE,
+    branch: str | None = None,
+    version: str | None = None,
+    flavor: str = DRIVER_FLAVOR,
+    allow_dkms: bool = False,
+    mok_enrolled: bool = False,
+    reboot: bool = False,
+    replace_preinstalled: bool = False,
+    reboot_timeout: int = REBOOT_TIMEOUT,
+    downloaded: dict[str, str] | None = None,
+) -> Generator[Any, Any, None]:
+    """
+    Install the NVIDIA driver pinned to an exact version and hold it, or accept the node's own.
+
+    + source: ``packages`` (install and hold the driver's packages), ``preinstalled`` (never
+      touch driver packages: the loaded driver is accepted, and must equal ``version`` when
+      given) or ``auto`` (packages when a branch or version is given, else the loaded driver;
+      a node with neither fails, and a dry run prints that as its plan)
+    + branch: driver branch (``580``); with only a branch the newest version of it is taken
+      once and then kept
+    + version: exact driver version (``580.126.20``); implies the branch
+    + flavor: Ubuntu package flavour: ``server`` (default), ``server-open``, ``default`` or
+      ``open``; on Debian ``open``/``server-open`` choose ``nvidia-open-kernel-dkms``
+    + allow_dkms: allow building the module with DKMS (Debian always does; Ubuntu only when
+      Canonical ships no signed precompiled modules for the kernel)
+    + mok_enrolled: the DKMS signing key is enrolled in the node's MOK list, so a DKMS build
+      may be used while Secure Boot is on, or while the node cannot tell whether it is on
+    + reboot: reboot when the installed driver differs from the loaded module (a preinstalled
+      driver: when its userspace library differs from the loaded module), wait until the node
+      answers with a new boot id, take the node lock again (when this run held it), wait up to
+      60 s for the nvidia module to load, and check that the driver is loaded and matches
+    + replace_preinstalled: with packages, install them even though the loaded driver's
+      ``libnvidia-ml`` belongs to no package (a runfile or image driver); otherwise such a
+      node fails naming the library
+    + reboot_timeout: seconds the rebooted node may take to answer again (60 to 7200)
+    + downloaded: the packages ``driver_downloaded`` put in apt's cache before (name -> exact version, as
+      ``downloaded_packages`` returns them): the plan is made from these and the installed packages
+      only, not from the package index, and the install never downloads (apt fails rather than fetch);
+      ``None``: from the package index, downloading what is missing
+
+    Ubuntu: ``nvidia-headless-no-dkms-<flavour>`` and ``nvidia-utils-<flavour>`` with
+    Canonical's signed ``linux-modules-nvidia-<flavour>-<kernel>`` when they exist for the
+    running kernel, else ``nvidia-dkms-<flavour>``. Retired branches whose packages are
+    transitional are refused. Debian 12/13: ``nvidia-driver`` with ``nvidia-kernel-dkms`` or
+    ``nvidia-open-kernel-dkms`` (``nvidia-tesla-535-*`` for branch 535 on Debian 13) and the
+    running kernel's headers, which DKMS needs to build at all; when ``modinfo`` finds no nvidia
+    module of the driver's version for the running kernel the host fails (apt itself reports
+    success when DKMS built nothing; a module left from another version does not count). A node
+    without an NVIDIA GPU is skipped.
+
+    **Example:**
+
+    .. code:: python
+
+        driver.driver(name="NVIDIA driver 580", version="580.126.20", flavor="server-open")
+        driver.driver(name="The image's own driver", source="preinstalled")
+    """
+    least, most = REBOOT_TIMEOUTS
+    if isinstance(reboot_timeout, bool) or not isinstance(reboot_timeout, int) or not least <= reboot_timeout <= most:
+        raise OperationValueError(
+            f"reboot_timeout must be whole seconds from {least} to {most}, got {reboot_timeout!r}"
+        )
+    request = _driver_request(source, branch, version, flavor, allow_dkms, mok_enrolled)
+
+    facts = node_fact(NvidiaHostState)
+    if not facts["pci"]["gpus"]:
+        host.noop("no NVIDIA GPU on this node; driver skipped")
+        return
+    error, description, plan = _planned(facts, source, request, replace_preinstalled, downloaded)
+    if error:
+        yield _fail(error)
+        return
+    if plan is None:
+        yield from _preinstalled(description, facts["driver"], reboot, reboot_timeout)
+        return
+    info = _host_info(facts)
+    installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
+    held = {name for name, pkg in facts["packages"].items() if pkg["held"]}
+    to_install = _to_install(plan, installed)
+    to_hold = [name for name in plan.hold if name not in held]
+    if to_install:
+        yield _packages.install(to_install, download=downloaded is None)
+    loaded = facts["driver"]["kernel_module_version"]
+    if plan.method == "dkms" and not same_driver(loaded, plan.version):
+        built = facts["built_module_version"]
+        if to_install:  # read again after the install; a dry run installed nothing
+            built = _built_version_now() if state.is_executing else plan.version
+        if not same_driver(built, plan.version):
+            found = f"version {built}" if built else "none"
+            yield _fail(
+                f"NVIDIA driver {plan.version} is installed but DKMS built no nvidia {plan.version} module for "
+                f"kernel {info.kernel} (`modinfo -k {info.kernel} nvidia` finds {found}; see `dkms status` and "
+                "/var/lib/dkms/*/*/build/make.log on the node)"
+            )
+            return
+    if to_install or to_hold:
+        yield _packages.hold(plan.hold)
+
+    needs_reboot = not same_driver(loaded, plan.version)
+    if needs_reboot and reboot:
+        yield from _rebooted(reboot_timeout)
+        yield from _check_loaded(plan.version)
+        return
+    if not to_install and not to_hold:
+        if needs_reboot:
+            host.noop(
+                f"NVIDIA driver {plan.version} is installed and held ({plan.method}); loaded module is "
+                f"{loaded or 'none'}: reboot required"
+            )
+        else:
+            host.noop(f"NVIDIA driver {plan.version} is installed, held and loaded ({plan.method})")
+
+
+def _driver_request(
+    source: str, branch: str | None, version: str | None, flavor: str, allow_dkms: bool, mok_enrolled: bool
+) -> DriverRequest:
+    if source not in DRIVER_SOURCES:
+        raise OperationValueError(f"source must be one of {', '.join(DRIVER_SOURCES)}, got {source!r}")
+    try:
+        return check_request(DriverRequest(branch, version, flavor, allow_dkms, mok_enrolled))
+    except DriverRequestError as exc:
+        raise OperationValueError(str(exc)) from exc
+
+
+@operation()
+@locked_before_changes
+def driver_downloaded(
+    source: str = DRIVER_SOURCE,
+    branch: str | None = None,
+    version: str | None = None,
+    flavor: str = DRIVER_FLAVOR,
+    allow_dkms: bool = False,
+    mok_enrolled: bool = False,
+    replace_preinstalled: bool = False,
+) -> Generator[Any, Any, None]:
+    """
+    Download the driver packages ``driver`` would install, at their exact versions, into apt's cache
+    (``apt-get install --download-only``, with what they depend on), so that the install needs no
+    network: on every node at once, before the rollout's turns, while the nodes still serve.
+
+    + source: ``packages``, ``preinstalled`` or ``auto``, as for ``driver``
+    + branch: driver branch (``580``), as for ``driver``
+    + version: exact driver version (``580.126.20``), as for ``driver``
+    + flavor: Ubuntu package flavour, as for ``driver``
+    + allow_dkms: allow building the module with DKMS, as for ``driver``
+    + mok_enrolled: the DKMS signing key is enrolled, as for ``driver``
+    + replace_preinstalled: packages over a driver that belongs to no package, as for ``driver``
+
+    Nothing is downloaded where the driver is installed at the planned version, the node keeps its
+    own driver, or apt finds every file in ``/var/cache/apt/archives`` already. Where ``driver``
+    would fail the node (no package at the version, DKMS refused), or apt cannot install or fetch
+    the packages, the node fails here. Pass what was downloaded to ``driver`` as ``downloaded``
+    (``downloaded_packages``): it then installs exactly these. A dry run downloads nothing and writes
+    nothing under ``/var/cache/apt``: its plan lists the packages and their size.
+
+    **Example:**
+
+    .. code:: python
+
+        driver.driver_downloaded(name="NVIDIA driver 580: downloaded", version="580.126.20", flavor="server-open")
+    """
+    request = _driver_request(source, branch, version, flavor, allow_dkms, mok_enrolled)
+    facts = node_fact(NvidiaHostState)
+    if not facts["pci"]["gpus"]:
+        host.noop("no NVIDIA GPU on this node; no driver to download")
+        return
+    error, _, plan = _planned(facts, source, request, replace_preinstalled)
+    if error:
+        yield _fail(error)
+        return
+    if plan is None:
+        _packages.record({})
+        host.noop("the node keeps its own driver: nothing to download")
+        return
+    installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
+    to_install = _to_install(plan, installed)
+    if not to_install:
+        _packages.record({})
+        host.noop(f"NVIDIA driver {plan.version} is installed: nothing to download")
+        return
+    yield from _packages.downloaded(f"NVIDIA driver {plan.version}", to_install)
+
+
+def driver_changes(
+    source: str = DRIVER_SOURCE,
+    branch: str | None = None,
+    version: str | None = None,
+    flavor: str = DRIVER_FLAVOR,
+    allow_dkms: bool = False,
+    mok_enrolled: bool = False,
+    reboot: bool = False,
+    replace_preinstalled: bool = False,
+    reboot_timeout: int = REBOOT_TIMEOUT,
+) -> list[str]:
+    """The disruptive changes ``driver`` would make on this host with the same arguments (reads
+    facts, changes nothing): ``driver: install …`` and ``driver: reboot …``; ``[]`` where it would
+    only hold packages, change nothing, or fail the host."""
+    try:
+        request = check_request(DriverRequest(branch, version, flavor, allow_dkms, mok_enrolled))
+    except DriverRequestError:
+        return []
+    facts = node_fact(NvidiaHostState)
+    if source not in DRIVER_SOURCES or not facts["pci"]["gpus"]:
+        return []
+    error, _, plan = _planned(facts, source, request, replace_preinstalled)
+    loaded = facts["driver"]["kernel_module_version"]
+    if error:
+        return []
+    if plan is None:
+        if reboot and facts["driver"]["mismatch"]:
+            return [f"driver: reboot ({loaded} loaded, {facts['driver']['userspace_version']} installed)"]
+        return []
+    installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
+    to_install = _to_install(plan, installed)
+    changes = [f"driver: install {' '.join(f'{n}={v}' if v else n for n, v in sorted(to_install.items()))}"]
+    changes = changes if to_install else []
+    if reboot and not same_driver(loaded, plan.version):
+        changes.append(f"driver: reboot ({loaded or 'no module'} loaded, {plan.version} installed)")
+    return changes
+
+
+def _planned(
+    facts: NvidiaHostStateInfo,
+    source: str,
+    request: DriverRequest,
+    replace_preinstalled: bool,
+    downloaded: Mapping[str, str] | None = None,
+) -> tuple[str, str, DriverPlan | None]:
+    """``(error, description, plan)``: why the host fails, or the preinstalled driver it keeps
+    (``plan`` None), or the package plan; with ``downloaded``, made from those packages and the
+    installed ones only, never from the package index."""
+    chosen, error = resolve_source(source, request, facts["driver"]["kernel_module_version"])
+    description = ""
+    if chosen == "preinstalled":
+        description, error = preinstalled_driver(facts["driver"], request.version)
+    elif chosen == "packages" and not replace_preinstalled:
+        error = foreign_driver(facts["driver"])
+    if error or chosen == "preinstalled":
+        return (f"NVIDIA driver: {error}" if error else ""), description, None
+    info = _host_info(facts)
+    installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
+    plan = plan_driver(info, request, installed, None)
+    if plan.error == "query" and downloaded is not None:
+        cached = {name: [version] for name, version in {**installed, **downloaded}.items() if version}
+        plan = plan_driver(info, request, installed, cached)
+        if plan.error:
+            plan.error += " (in the turn: among the packages downloaded before it and the installed ones)"
+    elif plan.error == "query":
+        available = host.get_fact(NvidiaAptVersions, packages=wanted_names(info, request))
+        plan = plan_driver(info, request, installed, available)
+    if plan.error:
+        return f"NVIDIA driver {request.version or request.branch}: {plan.error}", "", None
+    return "", "", plan
+
+
+def _to_install(plan: DriverPlan, installed: dict[str, str]) -> dict[str, str]:
+    return {n: v for n, v in plan.packages.items() if n not in installed or (v and installed[n] != v)}
+
+
+def _from_driver_container(loaded: DriverInfo) -> bool:
+    operator = node_fact(GpuOperatorState)
+    return driver_from_container(loaded, operator)
+
+
+def _preinstalled(description: str, loaded: DriverInfo, reboot: bool, timeout: int) -> Generator[Any, Any, None]:
+    """Accept the node's own driver: nothing to run (the plan says so), or with ``reboot`` the
+    reboot a userspace newer than the loaded module waits for, and the check after it."""
+    if loaded["mismatch"] and reboot:
+        if not state.is_executing:
+            logger.info("%splan: %s; reboot into its userspace %s", host.print_prefix, description,
+                        loaded["userspace_version"])  # fmt: skip
+        yield from _rebooted(timeout)
+        yield from _check_loaded(loaded["userspace_version"])
+        return
+    if loaded["mismatch"]:
+        description += f"; its userspace library is {loaded['userspace_version']}: reboot pending"
+    elif not loaded["userspace_version"] and _from_driver_container(loaded):
+        description += f"; its userspace is the GPU Operator's driver container's ({DRIVER_ROOT})"
+    elif not loaded["userspace_version"]:
+        description += "; the loader finds no libnvidia-ml.so.1 for it"
+    if not state.is_executing:
+        logger.info("%splan: %s", host.print_prefix, description)
+    host.noop(description)
+
+
+def _built_version_now() -> str | None:
+    """After an install: the version of the nvidia module for the running kernel (read again)."""
+    return host.get_fact(NvidiaHostState)["built_module_version"]
+
+
+def _rebooted(timeout: int) -> Generator[Any, Any, None]:
+    """Reboot the node, wait up to ``timeout`` s until it answers again with a new boot id (reconnecting),
+    take the node lock again if this run held it (its holder ended with the boot: every later command
+    runs locked), then wait up to ``MODULE_WAIT`` s for udev to load the nvidia module."""
+    boot: list[str] = []
+
+    def remember(state: Any, host: Any) -> bool:
+        boot.append(host.get_fact(Command, BOOT_ID))
+        return True
+
+    def back(state: Any, host: Any) -> bool:
+        deadline = time.monotonic() + timeout
+        host.disconnect()
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            host.connect(show_errors=False)
+            if host.connected:
+                try:
+                    if host.get_fact(Command, BOOT_ID) not in ("", boot[0]):
+                        return True
+                except Exception:  # the old connection's last moments: try again
+                    pass
+                host.disconnect()
+        logger.error("%sthe node did not come back within %d s of its reboot", host.print_prefix, timeout)
+        return False
+
+    yield FunctionCommand(remember, (), {})
+    yield StringCommand("sh", "-c", QuoteString("(sleep 1 && systemctl reboot) </dev/null >/dev/null 2>&1 &"))
+    yield FunctionCommand(back, (), {})
+    run = current_state()
+    if _lock.holds(run, host.name):
+        _lock.lost(run, host.name)
+        yield from _lock.take()
+    yield StringCommand("sh", "-c", QuoteString(MODULE_LOADED_WAIT))
+
+
+def _check_loaded(version: str | None) -> Generator[Any, Any, None]:
+    """After a reboot: fail the host unless driver ``version`` is loaded and matches its userspace."""
+    if not state.is_executing:
+        return
+    now = host.get_fact(NvidiaDriver)
+    if not same_driver(now["kernel_module_version"], version) or now["mismatch"]:
+        yield _fail(
+            f"after the reboot the loaded NVIDIA module is {now['kernel_module_version'] or 'none'} "
+            f"(userspace {now['userspace_version'] or 'none'}), not {version}"
+        )
+    else:
+        logger.info("%sdriver %s loaded after the reboot", host.print_prefix, version)
