@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import ClassVar, TypedDict, cast
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from pyinfra_gpunode.facts._composite import Part, joined_command, split_values
 from pyinfra_gpunode.facts.kernel import HostPrepInfo, HostPrepState
 from pyinfra_gpunode.facts.nvidia import NodeKind, NodeKindInfo
 from pyinfra_gpunode.facts.readiness import NodeReadiness, NodeReadinessInfo
-from pyinfra_gpunode.sections import join_parts, split_parts
 
 PART = "@@gpunode-node:"
 
@@ -41,20 +41,16 @@ class NodeSnapshot(FactBase[NodeSnapshotInfo]):
         }
     """
 
+    parts: ClassVar[dict[str, Part]] = {
+        "kind": Part(NodeKind),
+        "prep": Part(HostPrepState, lambda arguments: {"path": arguments["nouveau_path"]}),
+        "readiness": Part(NodeReadiness, lambda arguments: {"binary": arguments["binary"]}),
+    }
+
     @override
     def command(self, binary: str, nouveau_path: str) -> str:
-        parts = {
-            "kind": NodeKind().command(),
-            "prep": HostPrepState().command(nouveau_path),
-            "readiness": NodeReadiness().command(binary),
-        }
-        return join_parts(PART, parts) + "; true"
+        return joined_command(PART, self.parts, {"binary": binary, "nouveau_path": nouveau_path}) + "; true"
 
     @override
     def process(self, output: list[str]) -> NodeSnapshotInfo:
-        parts = split_parts(output, PART, ("kind", "prep", "readiness"))
-        return {
-            "kind": NodeKind().process(parts["kind"]),
-            "prep": HostPrepState().process(parts["prep"]),
-            "readiness": NodeReadiness().process(parts["readiness"]),
-        }
+        return cast(NodeSnapshotInfo, split_values(PART, self.parts, output))

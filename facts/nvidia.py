@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from typing import TypedDict, cast
+from typing import ClassVar, TypedDict, cast
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
@@ -13,7 +13,8 @@ from pyinfra.facts.server import LinuxDistribution, LinuxDistributionDict
 from typing_extensions import override
 
 from pyinfra_gpunode.driver_versions import parse_proc_version, version_from_library
-from pyinfra_gpunode.sections import PackageStatus, dpkg_query, marker, parse_dpkg_status, split_parts, split_sections
+from pyinfra_gpunode.facts._composite import Part, joined_command, split_values
+from pyinfra_gpunode.sections import PackageStatus, dpkg_query, marker, parse_dpkg_status, split_sections
 
 
 class DriverInfo(TypedDict):
@@ -296,18 +297,18 @@ class NodeKind(FactBase[NodeKindInfo]):
         }
     """
 
+    parts: ClassVar[dict[str, Part]] = {
+        "distribution": Part(LinuxDistribution, script=lambda arguments: f"({LinuxDistribution().command()})"),
+        "gpus": Part(NvidiaGpus),
+    }
+
     @override
     def command(self) -> str:
-        distribution = LinuxDistribution().command()
-        return f"echo '{KIND_PART}distribution'; ({distribution}); echo '{KIND_PART}gpus'; {PCI_SCRIPT}"
+        return joined_command(KIND_PART, self.parts, {})
 
     @override
     def process(self, output: list[str]) -> NodeKindInfo:
-        parts = split_parts(output, KIND_PART, ("distribution", "gpus"))
-        return {
-            "distribution": LinuxDistribution().process(parts["distribution"]),
-            "gpus": NvidiaGpus().process(parts["gpus"]),
-        }
+        return cast(NodeKindInfo, split_values(KIND_PART, self.parts, output))
 
 
 NVML_SNIPPET = """
@@ -454,6 +455,13 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
             "built_module_version": "550.163.01",
         }
     """
+
+    # Its command and value are its own (the parts share its sections); where its value holds them:
+    parts: ClassVar[dict[str, Part]] = {
+        "pci": Part(NvidiaGpus),
+        "driver": Part(NvidiaDriver),
+        "fabric_manager": Part(NvidiaFabricManager),
+    }
 
     @override
     def command(self) -> str:

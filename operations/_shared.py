@@ -2,7 +2,8 @@
 
 The first fact asked for through ``node_fact`` on a node reads the node's whole snapshot. Every
 fact the snapshot holds is part of another (``ContainerdService`` of ``ContainerdNodeState``, that
-of ``NodeReadiness``, that of the snapshot), and a fact asked for later is taken from the newest
+of ``NodeReadiness``, that of the snapshot), as each composite fact declares its parts (``parts``,
+``facts/_composite.py``), and a fact asked for later is taken from the newest
 read of itself or of a fact that holds it, as long as that read is current: no operation of the
 node has completed with a change, or failed, since it was taken (an operation that declares
 ``facts_unchanged``, a backup, does not count), and it was taken in the same pass (prepare, or
@@ -20,36 +21,21 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from pyinfra import host, state
 from pyinfra.api import FactBase, State
-from pyinfra.facts.server import LinuxDistribution
 
-from pyinfra_gpunode.facts.cdi import CdiRefreshUnits, CdiSpecs
+from pyinfra_gpunode.facts._composite import holders
 from pyinfra_gpunode.facts.containerd import (
     ContainerdConfigDump,
     ContainerdConfigFiles,
-    ContainerdCriLoaded,
     ContainerdNodeState,
     ContainerdService,
 )
-from pyinfra_gpunode.facts.kernel import NOUVEAU_CONF, HostPrepState, KernelState, NouveauBlacklist
+from pyinfra_gpunode.facts.kernel import NOUVEAU_CONF
 from pyinfra_gpunode.facts.node import NodeSnapshot
-from pyinfra_gpunode.facts.nvidia import (
-    NodeKind,
-    NvidiaContainerToolkit,
-    NvidiaDriver,
-    NvidiaGpus,
-    NvidiaHostState,
-    NvmlInfo,
-)
-from pyinfra_gpunode.facts.operator import GpuOperatorState
-from pyinfra_gpunode.facts.platform import ContainerdPlatform
-from pyinfra_gpunode.facts.readiness import NodeReadiness
-from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
 from pyinfra_gpunode.operations._internals import (
     current_host,
     current_operation,
@@ -68,45 +54,9 @@ DEFAULT_BINARY = RUNTIME_BINARY
 
 _NOT_HELD = object()  # a part the fact holding it did not read
 
-
-def _no_arguments(arguments: dict[str, Any], value: Any) -> dict[str, Any]:
-    return {}
-
-
-# Each fact another fact holds: that fact, where in its value, and the arguments the part was read
-# with (from that fact's arguments and value).
-Held = Callable[[dict[str, Any], Any], dict[str, Any]]
-_PART_OF: dict[Fact, tuple[Fact, Callable[[Any], Any], Held]] = {
-    NodeKind: (NodeSnapshot, lambda v: v["kind"], _no_arguments),
-    LinuxDistribution: (NodeKind, lambda v: v["distribution"], _no_arguments),
-    HostPrepState: (NodeSnapshot, lambda v: v["prep"], lambda a, v: {"path": a["nouveau_path"]}),
-    KernelState: (HostPrepState, lambda v: v["kernel"], _no_arguments),
-    UnattendedUpgradesState: (HostPrepState, lambda v: v["unattended"], _no_arguments),
-    NouveauBlacklist: (HostPrepState, lambda v: v["nouveau"], lambda a, v: {"path": a["path"]}),
-    NodeReadiness: (NodeSnapshot, lambda v: v["readiness"], lambda a, v: {"binary": a["binary"]}),
-    NvidiaHostState: (NodeReadiness, lambda v: v["host"], _no_arguments),
-    NvidiaDriver: (NvidiaHostState, lambda v: v["driver"], _no_arguments),
-    NvidiaGpus: (NvidiaHostState, lambda v: v["pci"], _no_arguments),
-    NvmlInfo: (NodeReadiness, lambda v: v["nvml"], _no_arguments),
-    NvidiaContainerToolkit: (NodeReadiness, lambda v: v["toolkit"], _no_arguments),
-    CdiSpecs: (NodeReadiness, lambda v: v["cdi"], _no_arguments),
-    GpuOperatorState: (NodeReadiness, lambda v: v.get("operator", _NOT_HELD), _no_arguments),
-    CdiRefreshUnits: (NodeReadiness, lambda v: v.get("cdi_refresh", _NOT_HELD), _no_arguments),
-    ContainerdNodeState: (NodeReadiness, lambda v: v["containerd"], lambda a, v: {"binary": a["binary"]}),
-    ContainerdService: (ContainerdNodeState, lambda v: v["service"], _no_arguments),
-    ContainerdPlatform: (ContainerdNodeState, lambda v: v.get("platform", _NOT_HELD), _no_arguments),
-    ContainerdConfigFiles: (ContainerdNodeState, lambda v: v["files"], _no_arguments),
-    ContainerdConfigDump: (  # of the config the unit starts containerd with
-        ContainerdNodeState,
-        lambda v: v["dump"],
-        lambda a, v: {"config_path": v["files"]["main_path"]},
-    ),
-    ContainerdCriLoaded: (  # read only where the node has a journal
-        NodeReadiness,
-        lambda v: _NOT_HELD if v["cri"] is None else v["cri"],
-        _no_arguments,
-    ),
-}
+# Each fact a read of the node snapshot holds -> the composite facts holding it, as they declare their
+# parts (``facts._composite.Part``: where in the composite's value, and with which arguments).
+_HOLDERS = holders(NodeSnapshot)
 
 
 @dataclass(frozen=True)
@@ -159,7 +109,7 @@ def snapshot_binary(binary: str) -> None:
 
 def node_fact(fact: type[FactBase[T]], **kwargs: Any) -> T:
     """``host.get_fact(fact, **kwargs)``, from a current read of this node where one holds it (see the module)."""
-    if fact not in _PART_OF or not in_a_run():
+    if fact not in _HOLDERS or not in_a_run():
         return host.get_fact(fact, **kwargs)
     node = current_host()
     run = current_state()
@@ -194,11 +144,11 @@ def _current_value(fact: Fact, wanted: dict[str, Any], reads: list[_Read], chang
 def _held(fact: Fact, reads: list[_Read]) -> list[tuple[dict[str, Any], Any]]:
     """``(arguments, value)`` of ``fact`` as the current ``reads`` hold it, newest first."""
     found = [(read.arguments, read.value) for read in reversed(reads) if read.fact is fact]
-    if fact in _PART_OF:
-        whole, part, held = _PART_OF[fact]
+    for whole, key, part in _HOLDERS.get(fact, []):
         for arguments, value in _held(whole, reads):
-            if value is not None and part(value) is not _NOT_HELD:
-                found.append((_arguments(fact, held(arguments, value)), part(value)))
+            held = part.held(key, arguments, value)
+            if held is not None:
+                found.append((_arguments(fact, held[0]), held[1]))
     return found
 
 
