@@ -24,6 +24,7 @@ from pyinfra.api.state import State
 
 from pyinfra_gpunode import shell
 from pyinfra_gpunode.operations._internals import current_state, in_a_run
+from pyinfra_gpunode.operations._shared import command_yielded
 
 P = ParamSpec("P")
 
@@ -101,7 +102,9 @@ def locked_before_changes(
     operation: Callable[P, Generator[Any, Any, None]],
 ) -> Callable[P, Generator[Any, Any, None]]:
     """An operation's generator that, on a node whose changes take the lock (``lock_changes``), takes
-    it right before the operation's first command; an operation that yields nothing takes nothing."""
+    it right before the operation's first command; an operation that yields nothing takes nothing.
+    Before each of the operation's commands no read of the node taken so far stays current
+    (``_shared.command_yielded``): what the operation asks ``node_fact`` for after it is read again."""
 
     @functools.wraps(operation)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> Generator[Any, Any, None]:
@@ -112,8 +115,11 @@ def locked_before_changes(
                 return
             if host.name in _LIVE.get(current_state(), set()):
                 yield from take()
+            command_yielded()
             yield first
-            yield from commands
+            for command in commands:
+                command_yielded()
+                yield command
         finally:
             commands.close()
 

@@ -5,16 +5,18 @@ fact the snapshot holds is part of another (``ContainerdService`` of ``Container
 of ``NodeReadiness``, that of the snapshot), as each composite fact declares its parts (``parts``,
 ``facts/_composite.py``), and a fact asked for later is taken from the newest
 read of itself or of a fact that holds it, as long as that read is current: no operation of the
-node has completed with a change, or failed, since it was taken (an operation that declares
-``facts_unchanged``, a backup, does not count), and it was taken in the same pass (prepare, or
+node has completed with a change, or failed, or yielded a command, since it was taken (an operation
+that declares ``facts_unchanged``, a backup, does not count), and it was taken in the same pass (prepare, or
 execute) or, when pyinfra skips change detection (``-y``: the operations run right after the
 prepare pass, no prompt between), in the prepare pass. Otherwise ``node_fact`` reads that one
 fact (containerd's service, files and dump: ``ContainerdNodeState``, which holds all three) and
 keeps it for the facts it holds; a pass that has no snapshot of its own to go on reads the
 snapshot again. On pyinfra-testing's fake hosts it reads the one fact.
 
-Ask through ``node_fact`` only before an operation yields its first command; read again with
-``host.get_fact`` once a command ran.
+A fact asked for through ``node_fact`` after the operation asking yielded a command is read again:
+``locked_before_changes`` (``_lock.py``) tells ``command_yielded`` before each command of the
+operations it wraps, every operation that changes a node. Elsewhere read again with ``host.get_fact``
+once a command ran.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ class _Read:
 _READS: weakref.WeakKeyDictionary[State, dict[str, list[_Read]]] = weakref.WeakKeyDictionary()
 _BINARIES: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
 _UNCHANGING: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
-# Per run (State): host name -> how often its reads were set aside (``read_afresh``).
+# Per run (State): host name -> how often its reads were set aside (``read_afresh``: a rollout turn, and
+# each command an operation yields to the node, ``command_yielded``).
 _SET_ASIDE: weakref.WeakKeyDictionary[State, dict[str, int]] = weakref.WeakKeyDictionary()
 
 # Read the fact holding these when they are not current: one read then serves the others as well.
@@ -86,6 +89,18 @@ def facts_unchanged() -> None:
     op_hash = current_operation()
     if in_a_run() and op_hash:
         _UNCHANGING.setdefault(current_state(), set()).add(op_hash)
+
+
+def command_yielded() -> None:
+    """The running operation yields a command to this node (``locked_before_changes`` says so before each):
+    from now on no read of the node taken before it is current, so a fact asked for after it through
+    ``node_fact`` is read again, unless the operation declared ``facts_unchanged``. Only while executing
+    (the prepare pass runs no command)."""
+    if not in_a_run() or not state.is_executing:
+        return
+    run = current_state()
+    if current_operation() not in _UNCHANGING.get(run, set()):
+        read_afresh(run, host.name)
 
 
 def read_afresh(run: State, name: str) -> None:
