@@ -22,7 +22,6 @@ once a command ran.
 from __future__ import annotations
 
 import inspect
-import weakref
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -46,6 +45,7 @@ from pyinfra_gpunode.operations._internals import (
     node_changes,
     runs_after_prepare,
 )
+from pyinfra_gpunode.operations._run_state import run_state
 from pyinfra_gpunode.settings import RUNTIME_BINARY
 
 T = TypeVar("T")
@@ -70,15 +70,6 @@ class _Read:
     value: Any
 
 
-# Per run (State): host name -> its reads, newest last; the runtime binary its snapshots check for;
-# the operations whose commands change nothing a fact reads.
-_READS: weakref.WeakKeyDictionary[State, dict[str, list[_Read]]] = weakref.WeakKeyDictionary()
-_BINARIES: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
-_UNCHANGING: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
-# Per run (State): host name -> how often its reads were set aside (``read_afresh``: a rollout turn, and
-# each command an operation yields to the node, ``command_yielded``).
-_SET_ASIDE: weakref.WeakKeyDictionary[State, dict[str, int]] = weakref.WeakKeyDictionary()
-
 # Read the fact holding these when they are not current: one read then serves the others as well.
 _READ_WHOLE = (ContainerdService, ContainerdConfigFiles, ContainerdConfigDump)
 
@@ -88,7 +79,7 @@ def facts_unchanged() -> None:
     ``/var/lib``): the reads taken before it stay current."""
     op_hash = current_operation()
     if in_a_run() and op_hash:
-        _UNCHANGING.setdefault(current_state(), set()).add(op_hash)
+        run_state(current_state()).unchanging_operations.add(op_hash)
 
 
 def command_yielded() -> None:
@@ -99,27 +90,28 @@ def command_yielded() -> None:
     if not in_a_run() or not state.is_executing:
         return
     run = current_state()
-    if current_operation() not in _UNCHANGING.get(run, set()):
+    if current_operation() not in run_state(run).unchanging_operations:
         read_afresh(run, host.name)
 
 
 def read_afresh(run: State, name: str) -> None:
     """No read of node ``name`` taken so far is current any more: its next facts are read again (a
     rollout turn, once it holds the node lock, decides from what it reads itself)."""
-    counts = _SET_ASIDE.setdefault(run, {})
+    counts = run_state(run).reads_set_aside
     counts[name] = counts.get(name, 0) + 1
 
 
 def _generation(run: State, node: Any) -> int:
     """What makes a read current: the node's changes and failures so far, and its reads set aside."""
-    return node_changes(run, node, _UNCHANGING.get(run, set())) + _SET_ASIDE.get(run, {}).get(node.name, 0)
+    found = run_state(run)
+    return node_changes(run, node, found.unchanging_operations) + found.reads_set_aside.get(node.name, 0)
 
 
 def snapshot_binary(binary: str) -> None:
     """This node's snapshots check for runtime ``binary`` (its host data), so the containerd and
     readiness facts asked for with it come from the snapshot."""
     if in_a_run():
-        _BINARIES.setdefault(current_state(), {})[host.name] = binary
+        run_state(current_state()).snapshot_binaries[host.name] = binary
 
 
 def node_fact(fact: type[FactBase[T]], **kwargs: Any) -> T:
@@ -128,13 +120,13 @@ def node_fact(fact: type[FactBase[T]], **kwargs: Any) -> T:
         return host.get_fact(fact, **kwargs)
     node = current_host()
     run = current_state()
-    reads = _READS.setdefault(run, {}).setdefault(node.name, [])
+    reads = run_state(run).reads.setdefault(node.name, [])
     changes = _generation(run, node)
     wanted = _arguments(fact, kwargs)
     found = _current_value(fact, wanted, reads, changes)
     if found is not _NOT_HELD:
         return cast(T, found)
-    binary = _BINARIES.get(run, {}).get(node.name, DEFAULT_BINARY)
+    binary = run_state(run).snapshot_binaries.get(node.name, DEFAULT_BINARY)
     if not any(read.fact is NodeSnapshot and _carried(read) for read in reads):  # this pass's first read
         whole: tuple[Fact, dict[str, Any]] = (NodeSnapshot, {"binary": binary, "nouveau_path": NOUVEAU_CONF})
     elif fact in _READ_WHOLE:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,6 +31,7 @@ from pyinfra_gpunode.operations._internals import (
     outside_operation,
     spawn,
 )
+from pyinfra_gpunode.operations._run_state import run_state
 from pyinfra_gpunode.operations._shared import read_afresh
 from pyinfra_gpunode.rollout import (
     TURN_MARKER,
@@ -53,15 +53,6 @@ from pyinfra_gpunode.rollout import (
     unit_problem,
 )
 from pyinfra_gpunode.settings import ROLLOUT_BATCH
-
-# Per run (State): node name -> "done", "unchanged", "failed: <reason>" or "halted: <reason>".
-OUTCOMES: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
-# Per run (State): node name -> what the earlier steps skipped or left pending, for the summary.
-REPORTS: weakref.WeakKeyDictionary[State, dict[str, NodeReport]] = weakref.WeakKeyDictionary()
-# Per run (State): each node's read and settings as its dry-run plan judged them, for the rollout's plan.
-PLANNED: weakref.WeakKeyDictionary[State, dict[str, tuple[containerd.Registration, NodeSettings]]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 @operation(is_idempotent=False, idempotent_notice="Takes the lock once per run and node.")
@@ -189,9 +180,10 @@ def nvidia_runtime_rolled_out(
         yield from _files_only(mine["runtime"])
         return
     run = current_state()
-    if run not in OUTCOMES:
-        _conduct(run, policy, nodes)
-    outcome = OUTCOMES[run].get(host.name, "not in the rollout order")
+    outcomes = run_state(run).outcomes
+    if outcomes is None:
+        outcomes = _conduct(run, policy, nodes)
+    outcome = outcomes.get(host.name, "not in the rollout order")
     if outcome.startswith(("failed", "not in")):
         yield fail(f"containerd rollout {outcome}")
     else:
@@ -206,7 +198,7 @@ def _takes_turns(settings: NodeSettings) -> bool:
 
 def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
     found = containerd.registration(**settings["runtime"])
-    PLANNED.setdefault(current_state(), {})[host.name] = (found, settings)
+    run_state(current_state()).planned[host.name] = (found, settings)
     rolling = settings["restart"] == "rolling"
     unit = _unit_problem(found, settings) or _cri_refusal(found, settings)
     if _k0s(found) and found.writes and not rolling:  # containerd.nvidia_runtime fails such a node
@@ -263,7 +255,7 @@ def _resumed_changes(found: containerd.Registration) -> list[str]:
 def planned_rollout(run: State, policy: RolloutPolicy) -> None:
     """Print the rollout's groups in order, from the dry-run plans of the nodes that take turns; nothing
     where no plan was made (with ``-y`` the rollout prints its groups when it starts)."""
-    planned = PLANNED.get(run, {})
+    planned = run_state(run).planned
     judged = {name: planned[name] for name in policy.order if name in planned and _takes_turns(planned[name][1])}
     if judged:
         logger.info("--> Rollout plan\n%s", "\n".join(_layout(run, policy, judged).lines))
@@ -303,10 +295,12 @@ def _backup_path() -> str:
     return f"{containerd.BACKUP_DIR}/containerd-{datetime.now(UTC):%Y%m%dT%H%M%S.%fZ}.tar"
 
 
-def _conduct(state: State, policy: RolloutPolicy, nodes: Mapping[str, NodeSettings]) -> None:
+def _conduct(state: State, policy: RolloutPolicy, nodes: Mapping[str, NodeSettings]) -> dict[str, str]:
+    """Conduct the whole rollout; every node's outcome (the run's ``outcomes`` from the start: the other
+    hosts of the serial operation report theirs from it)."""
     began = time.monotonic()
     outcomes: dict[str, str] = {}
-    OUTCOMES[state] = outcomes
+    run_state(state).outcomes = outcomes
     active = {node.name: node for node in state.inventory.get_active_hosts()}
     settings = {name: node_settings(nodes, name) for name in policy.order if name in active}
     for name, mine in settings.items():
@@ -345,6 +339,7 @@ def _conduct(state: State, policy: RolloutPolicy, nodes: Mapping[str, NodeSettin
         summary_table(_reports(state, list(policy.order), outcomes)),
         timing_line(clock.turn_seconds, len(layout.groups), time.monotonic() - began),
     )
+    return outcomes
 
 
 def _halt_reason(group: TurnGroup, failed: list[str], max_failed: int) -> str:
@@ -470,7 +465,7 @@ def _check(state: State, node: Host, settings: NodeSettings) -> containerd.Regis
 
 
 def _reports(state: State, order: list[str], outcomes: dict[str, str]) -> dict[str, NodeReport]:
-    known = REPORTS.get(state, {})
+    known = run_state(state).reports
     reports = {}
     for name in order:
         node = state.inventory.get_host(name)
