@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pyinfra_gpunode.operations._shared import _Read
     from pyinfra_gpunode.operations.containerd import Registration
     from pyinfra_gpunode.readiness import NodeReadiness as ReadinessReport
-    from pyinfra_gpunode.rollout import NodeReport, NodeSettings, RolloutPolicy
+    from pyinfra_gpunode.rollout import NodeReport, NodeSettings, Outcome, RolloutPolicy
 
 
 @dataclass
@@ -40,10 +40,10 @@ class RunState:
     lock_taken: dict[str, float] = field(default_factory=dict)
     lock_live: set[str] = field(default_factory=set)
 
-    # rollout.py: each node's rollout outcome, from the moment the rollout is conducted (None before); what
-    # the earlier steps skipped or left pending, for the summary; each node's read and settings as its
-    # dry-run plan judged them, for the rollout's plan.
-    outcomes: dict[str, str] | None = None
+    # rollout.py: each node's rollout outcome (done, unchanged, failed, halted, ...), from the moment the
+    # rollout is conducted (None before); what the earlier steps skipped or left pending, for the summary;
+    # each node's read and settings as its dry-run plan judged them, for the rollout's plan.
+    outcomes: dict[str, Outcome] | None = None
     reports: dict[str, NodeReport] = field(default_factory=dict)
     planned: dict[str, tuple[Registration, NodeSettings]] = field(default_factory=dict)
 

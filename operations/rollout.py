@@ -34,9 +34,14 @@ from pyinfra_gpunode.operations._internals import (
 from pyinfra_gpunode.operations._run_state import run_state
 from pyinfra_gpunode.operations._shared import read_afresh
 from pyinfra_gpunode.rollout import (
+    FILES_ONLY,
+    NOT_IN_ORDER,
     TURN_MARKER,
+    UNCHANGED,
     NodeReport,
     NodeSettings,
+    Outcome,
+    OutcomeKind,
     RolloutPolicy,
     TurnGroup,
     batch_size,
@@ -183,8 +188,8 @@ def nvidia_runtime_rolled_out(
     outcomes = run_state(run).outcomes
     if outcomes is None:
         outcomes = _conduct(run, policy, nodes)
-    outcome = outcomes.get(host.name, "not in the rollout order")
-    if outcome.startswith(("failed", "not in")):
+    outcome = outcomes.get(host.name, NOT_IN_ORDER)
+    if outcome.kind in (OutcomeKind.FAILED, OutcomeKind.NOT_IN_ORDER):
         yield fail(f"containerd rollout {outcome}")
     else:
         host.noop(f"containerd rollout: {outcome}")
@@ -295,17 +300,17 @@ def _backup_path() -> str:
     return f"{containerd.BACKUP_DIR}/containerd-{datetime.now(UTC):%Y%m%dT%H%M%S.%fZ}.tar"
 
 
-def _conduct(state: State, policy: RolloutPolicy, nodes: Mapping[str, NodeSettings]) -> dict[str, str]:
+def _conduct(state: State, policy: RolloutPolicy, nodes: Mapping[str, NodeSettings]) -> dict[str, Outcome]:
     """Conduct the whole rollout; every node's outcome (the run's ``outcomes`` from the start: the other
     hosts of the serial operation report theirs from it)."""
     began = time.monotonic()
-    outcomes: dict[str, str] = {}
+    outcomes: dict[str, Outcome] = {}
     run_state(state).outcomes = outcomes
     active = {node.name: node for node in state.inventory.get_active_hosts()}
     settings = {name: node_settings(nodes, name) for name in policy.order if name in active}
     for name, mine in settings.items():
         if not _takes_turns(mine):
-            outcomes[name] = "files only (gpunode_containerd_restart: none)"
+            outcomes[name] = FILES_ONLY
     # Read every node in parallel first; only nodes with something to do take a turn.
     checks = {
         name: spawn(state, _check, state, active[name], mine) for name, mine in settings.items() if _takes_turns(mine)
@@ -313,7 +318,7 @@ def _conduct(state: State, policy: RolloutPolicy, nodes: Mapping[str, NodeSettin
     layout = _layout(state, policy, {name: (check.get(), settings[name]) for name, check in checks.items()})
     logger.info("--> Rollout plan\n%s", "\n".join(layout.lines))
     for name in layout.unchanged:
-        outcomes[name] = "unchanged"
+        outcomes[name] = UNCHANGED
         note = layout.judged[name][0].note
         if note:  # k3s or RKE2 adding nvidia themselves
             logger.info("%s%s", active[name].print_prefix, note)
@@ -322,16 +327,16 @@ def _conduct(state: State, policy: RolloutPolicy, nodes: Mapping[str, NodeSettin
     halted = ""
     for group in layout.groups:
         if halted:
-            outcomes.update({name: f"halted: {halted}" for name in group.nodes})
+            outcomes.update({name: Outcome.halted(halted) for name in group.nodes})
             continue
         started = time.monotonic()
         turns = {name: spawn(state, _timed_turn, state, active[name], layout, group, clock) for name in group.nodes}
         outcomes.update({name: turn.get() for name, turn in turns.items()})
         clock.group_seconds.append(time.monotonic() - started)
-        failed += [name for name in group.nodes if outcomes[name].startswith("failed")]
+        failed += [name for name in group.nodes if outcomes[name].kind is OutcomeKind.FAILED]
         halted = _halt_reason(group, failed, policy.max_failed)
     if failed or halted:
-        untouched = [name for name in policy.order if outcomes.get(name, "").startswith("halted")]
+        untouched = [name for name in policy.order if name in outcomes and outcomes[name].kind is OutcomeKind.HALTED]
         for line in halt_lines(failed, untouched):
             logger.warning("--> %s", line)
     logger.info(
@@ -418,13 +423,13 @@ class _Clock:
         names = [node for group in self.groups for node in group.nodes]
         return f"{names.index(name) + 1}/{len(names)}"
 
-    def ended(self, node: Host, group: TurnGroup, outcome: str, seconds: float) -> None:
-        if outcome.startswith("unchanged"):
+    def ended(self, node: Host, group: TurnGroup, outcome: Outcome, seconds: float) -> None:
+        if outcome.kind is OutcomeKind.UNCHANGED:
             return
         self.turn_seconds[node.name] = seconds
         left = len(self.groups) - len(self.group_seconds) - 1  # the groups after this turn's
         eta = eta_text(self.group_seconds or [seconds], left)
-        word = outcome.split(":", 1)[0]
+        word = outcome.kind.value
         turn, turns = self.number(node.name).split("/")
         logger.info("--> %s", progress_line(int(turn), int(turns), group, node.name, word, seconds, eta))
 
@@ -464,15 +469,16 @@ def _check(state: State, node: Host, settings: NodeSettings) -> containerd.Regis
         return containerd.registration(**settings["runtime"])
 
 
-def _reports(state: State, order: list[str], outcomes: dict[str, str]) -> dict[str, NodeReport]:
+def _reports(state: State, order: list[str], outcomes: dict[str, Outcome]) -> dict[str, NodeReport]:
     known = run_state(state).reports
     reports = {}
     for name in order:
         node = state.inventory.get_host(name)
         report = known.get(name, NodeReport())
-        report.rollout = outcomes.get(name) or _not_reached(state, node)
+        outcome = outcomes.get(name)
+        report.rollout = str(outcome) if outcome is not None else _not_reached(state, node)
         report.changed = sorted({name.rsplit(" | ", 1)[-1] for name in changed_operations(state, node)})
-        if report.rollout.startswith("halted"):
+        if outcome is not None and outcome.kind is OutcomeKind.HALTED:
             report.pending.append("containerd config and restart: rollout halted")
         reports[name] = report
     return reports
@@ -492,20 +498,20 @@ def _not_reached(state: State, node: Host) -> str:
     return f"not reached (failed before the rollout, at {name.rsplit(' | ', 1)[-1]}: {cause})"
 
 
-def _timed_turn(state: State, node: Host, layout: _Layout, group: TurnGroup, clock: _Clock) -> str:
+def _timed_turn(state: State, node: Host, layout: _Layout, group: TurnGroup, clock: _Clock) -> Outcome:
     """``node``'s turn in ``group`` (or its failure in its slot, untouched, where it was refused), timed
     and reported as it ends. An unforeseen error ends this turn only, not the others of its batch."""
     began = time.monotonic()
     found, settings = layout.judged[node.name]
     refused = layout.refused.get(node.name)
     if refused:
-        outcome = f"failed: {refused}"
+        outcome = Outcome.failed(refused)
     else:
         try:
             outcome = _turn(state, node, settings, found, _Position(clock.number(node.name), group.label))
         except Exception as error:  # reported as this node's failure
-            outcome = f"failed: {type(error).__name__}: {printable(str(error))[:500]}"
-    if not outcome.startswith(("unchanged", "halted")):
+            outcome = Outcome.failed(f"{type(error).__name__}: {printable(str(error))[:500]}")
+    if outcome.kind not in (OutcomeKind.UNCHANGED, OutcomeKind.HALTED):
         logger.info("%scontainerd rollout %s", node.print_prefix, outcome)
     clock.ended(node, group, outcome, time.monotonic() - began)
     return outcome
@@ -519,7 +525,9 @@ class _Position:
     batch: str = "batch 1/1"
 
 
-def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Registration, position: _Position) -> str:
+def _turn(
+    state: State, node: Host, settings: NodeSettings, found: containerd.Registration, position: _Position
+) -> Outcome:
     """One node's turn: the node lock, and the node read again under it; the turn's mark; before-hook;
     driver and GPU steps; back up, write its files, restart and verify (what it wrote rolled back on
     failure); after-hook; the mark removed. ``found`` is the run's earlier read: the turn decides from
@@ -532,16 +540,16 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
         try:
             node_locked(name="node: locked for its turn")  # before the before-hook drains it
         except NestedOperationError as error:
-            return f"failed: {_cause(state, node, error)}; the node was not touched"
+            return Outcome.failed(f"{_cause(state, node, error)}; the node was not touched")
         read_afresh(state, node.name)  # the node may have changed since the run's read
         found = containerd.registration(**settings["runtime"])
         hooked = not found.problem  # a refused config fails the node at once: no hook, no driver change
         hostname, refused = _hook_hostname(node, settings) if hooked else ("", None)
     unit = _unit_problem(found, settings) or _cri_refusal(found, settings)
     if refused or unit:
-        return f"failed: {refused or unit}; the node was not touched"
+        return Outcome.failed(f"{refused or unit}; the node was not touched")
     if not _turn_needed(found, settings):
-        return "unchanged"
+        return UNCHANGED
     mark = found.turn_mark
     changes = turn_changes(settings["driver"], found.writes, found.restart_reason if rolling else None)
     changes += _resumed_changes(found)
@@ -550,11 +558,11 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
             try:
                 turn_marked(name="rollout: turn marked on the node", started=datetime.now(UTC).isoformat())
             except NestedOperationError as error:
-                return f"failed: {_cause(state, node, error)}; the node was not touched"
+                return Outcome.failed(f"{_cause(state, node, error)}; the node was not touched")
     if hooked and settings["before"]:
         failure = _hook(node, "before", settings, hostname, changes, position)
         if failure:
-            return f"failed: before-hook {failure}; the node was not touched"
+            return Outcome.failed(f"before-hook {failure}; the node was not touched")
         did.append("before-hook")
     with outside_operation(node), on_host(state, node):
         try:
@@ -606,7 +614,7 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
             )
         except NestedOperationError as error:
             unrun = "; after-hook not run" if hooked and settings["after"] else ""
-            return f"failed: {_cause(state, node, error)}{unrun}"
+            return Outcome.failed(f"{_cause(state, node, error)}{unrun}")
     if written.did_change():
         did.append("containerd written")
     if restarted and restarted.did_change():
@@ -614,15 +622,17 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
     if hooked and settings["after"]:
         failure = _hook(node, "after", settings, hostname, changes, position)
         if failure:
-            return f"failed: after-hook {failure}; the node was changed: {', '.join(did)}"
+            return Outcome.failed(f"after-hook {failure}; the node was changed: {', '.join(did)}")
         did.append("after-hook")
     if hooked:
         with outside_operation(node), on_host(state, node):
             try:
                 turn_unmarked(name="rollout: turn's mark removed from the node")
             except NestedOperationError as error:
-                return f"failed: {_cause(state, node, error)}; the node was changed: {', '.join(did) or 'nothing'}"
-    return f"done: {', '.join(did)}" if did else "unchanged"
+                return Outcome.failed(
+                    f"{_cause(state, node, error)}; the node was changed: {', '.join(did) or 'nothing'}"
+                )
+    return Outcome.done(did)
 
 
 @operation(is_idempotent=False, idempotent_notice="Marks the turn each time it is called.")
