@@ -24,7 +24,7 @@ from pyinfra.api.state import State
 from pyinfra_gpunode import shell
 from pyinfra_gpunode.operations._internals import current_state, in_a_run
 from pyinfra_gpunode.operations._run_state import run_state
-from pyinfra_gpunode.operations._shared import command_yielded
+from pyinfra_gpunode.operations._shared import command_ran
 
 P = ParamSpec("P")
 
@@ -99,8 +99,8 @@ def locked_before_changes(
 ) -> Callable[P, Generator[Any, Any, None]]:
     """An operation's generator that, on a node whose changes take the lock (``lock_changes``), takes
     it right before the operation's first command; an operation that yields nothing takes nothing.
-    Before each of the operation's commands no read of the node taken so far stays current
-    (``_shared.command_yielded``): what the operation asks ``node_fact`` for after it is read again."""
+    Once each of the operation's commands ran, no read of the node taken before it stays current
+    (``_shared.command_ran``): what the operation asks ``node_fact`` for after it is read again."""
 
     @functools.wraps(operation)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> Generator[Any, Any, None]:
@@ -111,11 +111,11 @@ def locked_before_changes(
                 return
             if host.name in run_state(current_state()).lock_live:
                 yield from take()
-            command_yielded()
             yield first
+            command_ran()  # pyinfra resumes an operation once its command ran (a change check stops before)
             for command in commands:
-                command_yielded()
                 yield command
+                command_ran()
         finally:
             commands.close()
 

@@ -26,7 +26,7 @@ class RunState:
 
     # _shared.py: each node's reads, newest last; the runtime binary its snapshots check for; the operations
     # whose commands change nothing a fact reads (``facts_unchanged``); how often each node's reads were set
-    # aside (``read_afresh``, ``command_yielded``).
+    # aside (``read_afresh``, ``command_ran``).
     reads: dict[str, list[_Read]] = field(default_factory=dict)
     snapshot_binaries: dict[str, str] = field(default_factory=dict)
     unchanging_operations: set[str] = field(default_factory=set)

@@ -3,20 +3,20 @@
 The first fact asked for through ``node_fact`` on a node reads the node's whole snapshot. Every
 fact the snapshot holds is part of another (``ContainerdService`` of ``ContainerdNodeState``, that
 of ``NodeReadiness``, that of the snapshot), as each composite fact declares its parts (``parts``,
-``facts/_composite.py``), and a fact asked for later is taken from the newest
-read of itself or of a fact that holds it, as long as that read is current: no operation of the
-node has completed with a change, or failed, or yielded a command, since it was taken (an operation
-that declares ``facts_unchanged``, a backup, does not count), and it was taken in the same pass (prepare, or
+``facts/_composite.py``), and a fact asked for later is taken from the newest read of itself or of
+a fact that holds it, as long as that read is current: no operation of the node has completed with
+a change, or failed, or run a command, since it was taken (an operation that declares
+``facts_unchanged``, a backup, does not count), and it was taken in the same pass (prepare, or
 execute) or, when pyinfra skips change detection (``-y``: the operations run right after the
 prepare pass, no prompt between), in the prepare pass. Otherwise ``node_fact`` reads that one
 fact (containerd's service, files and dump: ``ContainerdNodeState``, which holds all three) and
 keeps it for the facts it holds; a pass that has no snapshot of its own to go on reads the
 snapshot again. On pyinfra-testing's fake hosts it reads the one fact.
 
-A fact asked for through ``node_fact`` after the operation asking yielded a command is read again:
-``locked_before_changes`` (``_lock.py``) tells ``command_yielded`` before each command of the
-operations it wraps, every operation that changes a node. Elsewhere read again with ``host.get_fact``
-once a command ran.
+A fact asked for through ``node_fact`` after a command of the operation asking ran is read again:
+``locked_before_changes`` (``_lock.py``) tells ``command_ran`` after each command of the operations
+it wraps, every operation that changes a node. Elsewhere read again with ``host.get_fact`` once a
+command ran.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def facts_unchanged() -> None:
         run_state(current_state()).unchanging_operations.add(op_hash)
 
 
-def command_yielded() -> None:
-    """The running operation yields a command to this node (``locked_before_changes`` says so before each):
+def command_ran() -> None:
+    """A command of the running operation ran on this node (``locked_before_changes`` says so after each):
     from now on no read of the node taken before it is current, so a fact asked for after it through
     ``node_fact`` is read again, unless the operation declared ``facts_unchanged``. Only while executing
     (the prepare pass runs no command)."""
