@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
@@ -16,8 +15,8 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.facts.server import Hostname
 
-from pyinfra_gpunode.hook_process import hook_failure, run_hook
-from pyinfra_gpunode.hooks import hook_argv, hook_environment, node_name_problem, placeholders
+from pyinfra_gpunode.hook_process import turn_hook
+from pyinfra_gpunode.hooks import hook_argv, node_name_problem, placeholders, shown_argv
 from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations import _lock, containerd, platform
 from pyinfra_gpunode.operations._atomic import fail, write_file
@@ -271,12 +270,8 @@ def _plan_hooks(settings: NodeSettings, hostname: str) -> list[str]:
     lines = []
     for which in ("before", "after"):
         argv = hook_argv(settings[which], host.name, hostname)
-        lines.append(f"{which}-hook on the controller: {_shown(argv)}" if argv else f"{which}-hook: none")
+        lines.append(f"{which}-hook on the controller: {shown_argv(argv)}" if argv else f"{which}-hook: none")
     return lines
-
-
-def _shown(argv: list[str]) -> str:
-    return " ".join(repr(arg) if not arg or any(c.isspace() for c in arg) else arg for arg in argv)
 
 
 def _hook_hostname(node: Host, settings: NodeSettings) -> tuple[str, str | None]:
@@ -560,7 +555,7 @@ def _turn(
             except NestedOperationError as error:
                 return Outcome.failed(f"{_cause(state, node, error)}; the node was not touched")
     if hooked and settings["before"]:
-        failure = _hook(node, "before", settings, hostname, changes, position)
+        failure = _turn_hook(node, "before", settings, hostname, changes, position)
         if failure:
             return Outcome.failed(f"before-hook {failure}; the node was not touched")
         did.append("before-hook")
@@ -620,7 +615,7 @@ def _turn(
     if restarted and restarted.did_change():
         did.append("containerd restarted and verified")
     if hooked and settings["after"]:
-        failure = _hook(node, "after", settings, hostname, changes, position)
+        failure = _turn_hook(node, "after", settings, hostname, changes, position)
         if failure:
             return Outcome.failed(f"after-hook {failure}; the node was changed: {', '.join(did)}")
         did.append("after-hook")
@@ -676,21 +671,23 @@ def _cause(state: State, node: Host, error: NestedOperationError) -> str:
     return stderr.splitlines()[-1] if stderr else "see the log above"
 
 
-def _hook(
+def _turn_hook(
     node: Host,
     which: Literal["before", "after"],
     settings: NodeSettings,
     hostname: str,
     changes: list[str],
-    position: _Position | None = None,
+    position: _Position,
 ) -> str | None:
-    """Run the node's ``which`` hook on the controller (no shell); ``None`` when it exited 0, else why not.
-
-    Its output is logged line by line as it comes; what it started is ended with it (``hook_process``).
-    """
-    argv = hook_argv(settings[which], node.name, hostname)
-    position = position or _Position()
-    env = hook_environment(os.environ, which, node.name, hostname, changes, position.turn, position.batch)
-    logger.info("%s%s-hook: %s", node.print_prefix, which, _shown(argv))
-    run = run_hook(argv, env, settings["hook_timeout"], f"{node.print_prefix}{which}-hook")
-    return hook_failure(argv[0], settings["hook_timeout"], run)
+    """The node's ``which`` hook run for its turn (``hook_process.turn_hook``): ``None``, or why it failed."""
+    return turn_hook(
+        which,
+        settings[which],
+        settings["hook_timeout"],
+        node.name,
+        hostname,
+        changes,
+        prefix=node.print_prefix,
+        turn=position.turn,
+        batch=position.batch,
+    )
