@@ -9,7 +9,7 @@ import tomllib
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
@@ -26,6 +26,7 @@ from pyinfra_gpunode.containerd_dump import (
     with_shared_keys,
 )
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, resolve_tree
+from pyinfra_gpunode.facts._composite import Part
 from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.platform import ContainerdPlatformInfo, owning_platform
 from pyinfra_gpunode.rollout import MARKER_BYTES, TURN_MARKER
@@ -576,6 +577,16 @@ class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
          "binary_present": True, "service": {"active_state": "active", ...},
          "platform": {"name": None, "evidence": [], "k0s_managed": None}, "turn": []}
     """
+
+    # Its command and value are its own (sections behind markers); where its value holds these facts:
+    parts: ClassVar[dict[str, Part]] = {
+        "version": Part(ContainerdVersion),
+        "files": Part(ContainerdConfigFiles),
+        # of the main config the unit starts containerd with
+        "dump": Part(ContainerdConfigDump, from_value=lambda value: {"config_path": value["files"]["main_path"]}),
+        "service": Part(ContainerdService),
+        "platform": Part(ContainerdPlatform),
+    }
 
     @override
     def command(self, binary: str) -> str:

@@ -3,14 +3,20 @@ operations decide on, in one read."""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import ClassVar, TypedDict
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
 from pyinfra_gpunode.driver_versions import parse_proc_version, version_from_library
-from pyinfra_gpunode.facts.fabric_manager import FABRIC_MANAGER_SCRIPT, FabricManagerInfo, parse_fabric_manager
-from pyinfra_gpunode.facts.gpus import PCI_SCRIPT, PciInfo, parse_pci
+from pyinfra_gpunode.facts._composite import Part
+from pyinfra_gpunode.facts.fabric_manager import (
+    FABRIC_MANAGER_SCRIPT,
+    FabricManagerInfo,
+    NvidiaFabricManager,
+    parse_fabric_manager,
+)
+from pyinfra_gpunode.facts.gpus import PCI_SCRIPT, NvidiaGpus, PciInfo, parse_pci
 from pyinfra_gpunode.facts.kernel import SECURE_BOOT_SCRIPT, parse_secure_boot
 from pyinfra_gpunode.sections import PackageStatus, dpkg_query, marker, parse_dpkg_status, split_sections
 
@@ -165,6 +171,13 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
             "built_module_version": "550.163.01",
         }
     """
+
+    # Its command and value are its own (the parts share its sections); where its value holds them:
+    parts: ClassVar[dict[str, Part]] = {
+        "pci": Part(NvidiaGpus),
+        "driver": Part(NvidiaDriver),
+        "fabric_manager": Part(NvidiaFabricManager),
+    }
 
     @override
     def command(self) -> str:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import shlex
-from typing import TypedDict
+from typing import ClassVar, TypedDict, cast
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from pyinfra_gpunode.facts._composite import Part, joined_command, split_values
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesInfo, UnattendedUpgradesState
-from pyinfra_gpunode.sections import dpkg_query, join_parts, marker, parse_dpkg_status, split_parts, split_sections
+from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_sections
 
 SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
@@ -233,20 +234,16 @@ class HostPrepState(FactBase[HostPrepInfo]):
         }
     """
 
+    parts: ClassVar[dict[str, Part]] = {
+        "kernel": Part(KernelState),
+        "unattended": Part(UnattendedUpgradesState),  # this library's default drop-in paths
+        "nouveau": Part(NouveauBlacklist, lambda arguments: {"path": arguments["path"]}),
+    }
+
     @override
     def command(self, path: str) -> str:
-        parts = {
-            "kernel": KernelState().command(),
-            "unattended": UnattendedUpgradesState().command(),
-            "nouveau": NouveauBlacklist().command(path),
-        }
-        return join_parts(PREP_PART, parts)
+        return joined_command(PREP_PART, self.parts, {"path": path})
 
     @override
     def process(self, output: list[str]) -> HostPrepInfo:
-        parts = split_parts(output, PREP_PART, ("kernel", "unattended", "nouveau"))
-        return {
-            "kernel": KernelState().process(parts["kernel"]),
-            "unattended": UnattendedUpgradesState().process(parts["unattended"]),
-            "nouveau": NouveauBlacklist().process(parts["nouveau"]),
-        }
+        return cast(HostPrepInfo, split_values(PREP_PART, self.parts, output))

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import ClassVar, TypedDict, cast
 
 from pyinfra.api import FactBase
 from pyinfra.facts.server import LinuxDistribution, LinuxDistributionDict
 from typing_extensions import override
 
-from pyinfra_gpunode.facts.gpus import PCI_SCRIPT, NvidiaGpus, PciInfo
+from pyinfra_gpunode.facts._composite import Part, joined_command, split_values
+from pyinfra_gpunode.facts.gpus import NvidiaGpus, PciInfo
 from pyinfra_gpunode.facts.kernel import HostPrepInfo, HostPrepState
 from pyinfra_gpunode.facts.readiness import NodeReadiness, NodeReadinessInfo
-from pyinfra_gpunode.sections import join_parts, split_parts
 
 KIND_PART = "@@gpunode-kind:"
 
@@ -37,18 +37,18 @@ class NodeKind(FactBase[NodeKindInfo]):
         }
     """
 
+    parts: ClassVar[dict[str, Part]] = {
+        "distribution": Part(LinuxDistribution, script=lambda arguments: f"({LinuxDistribution().command()})"),
+        "gpus": Part(NvidiaGpus),
+    }
+
     @override
     def command(self) -> str:
-        distribution = LinuxDistribution().command()
-        return f"echo '{KIND_PART}distribution'; ({distribution}); echo '{KIND_PART}gpus'; {PCI_SCRIPT}"
+        return joined_command(KIND_PART, self.parts, {})
 
     @override
     def process(self, output: list[str]) -> NodeKindInfo:
-        parts = split_parts(output, KIND_PART, ("distribution", "gpus"))
-        return {
-            "distribution": LinuxDistribution().process(parts["distribution"]),
-            "gpus": NvidiaGpus().process(parts["gpus"]),
-        }
+        return cast(NodeKindInfo, split_values(KIND_PART, self.parts, output))
 
 
 PART = "@@gpunode-node:"
@@ -80,20 +80,16 @@ class NodeSnapshot(FactBase[NodeSnapshotInfo]):
         }
     """
 
+    parts: ClassVar[dict[str, Part]] = {
+        "kind": Part(NodeKind),
+        "prep": Part(HostPrepState, lambda arguments: {"path": arguments["nouveau_path"]}),
+        "readiness": Part(NodeReadiness, lambda arguments: {"binary": arguments["binary"]}),
+    }
+
     @override
     def command(self, binary: str, nouveau_path: str) -> str:
-        parts = {
-            "kind": NodeKind().command(),
-            "prep": HostPrepState().command(nouveau_path),
-            "readiness": NodeReadiness().command(binary),
-        }
-        return join_parts(PART, parts) + "; true"
+        return joined_command(PART, self.parts, {"binary": binary, "nouveau_path": nouveau_path}) + "; true"
 
     @override
     def process(self, output: list[str]) -> NodeSnapshotInfo:
-        parts = split_parts(output, PART, ("kind", "prep", "readiness"))
-        return {
-            "kind": NodeKind().process(parts["kind"]),
-            "prep": HostPrepState().process(parts["prep"]),
-            "readiness": NodeReadiness().process(parts["readiness"]),
-        }
+        return cast(NodeSnapshotInfo, split_values(PART, self.parts, output))

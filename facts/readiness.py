@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import NotRequired, TypedDict
+from collections.abc import Mapping
+from typing import Any, ClassVar, NotRequired, TypedDict, cast
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
 from pyinfra_gpunode.containerd_dump import CriLoaded
 from pyinfra_gpunode.containerd_files import resolve_tree
+from pyinfra_gpunode.facts._composite import Part, joined_command, part_values
 from pyinfra_gpunode.facts.cdi import CdiRefreshInfo, CdiRefreshUnits, CdiSpec, CdiSpecs
 from pyinfra_gpunode.facts.containerd import (
     ContainerdConfigFiles,
@@ -31,7 +33,7 @@ from pyinfra_gpunode.facts.operator import GpuOperatorInfo, GpuOperatorState
 from pyinfra_gpunode.facts.toolkit import NvidiaContainerToolkit, ToolkitInfo
 from pyinfra_gpunode.platform import PlatformContainerd, platform_containerd
 from pyinfra_gpunode.readiness import DEVICE_PLUGIN_DIR, VALIDATIONS_DIR
-from pyinfra_gpunode.sections import join_parts, marker, split_parts, split_sections
+from pyinfra_gpunode.sections import marker, split_parts, split_sections
 
 PART = "@@gpunode-readiness:"
 _HAS = "command -v {} >/dev/null 2>&1"
@@ -126,12 +128,6 @@ DEV_NODES_SCRIPT = (
     'if [ -c "$node" ]; then echo "$node"; fi; done'
 )
 
-READINESS_PARTS = (
-    "host", "nvml", "toolkit", "cdi", "containerd", "cri", "xid", "containerd_journal", "validations", "device_plugin",
-    "dev_nodes",
-    "operator",
-    "cdi_refresh",
-)  # fmt: skip
 _SIGNAL = re.compile(r"Sent signal (SIG[A-Z0-9+]+) to main process|code=(?:killed|dumped), status=\d+/(\w+)")
 _STARTING = re.compile(r"systemd\[1\]: Starting ")
 # systemd stopping the unit, or containerd shutting down on SIGTERM or SIGINT (its CRI plugin stops first).
@@ -233,6 +229,30 @@ def parse_dev_nodes(lines: list[str]) -> list[str] | None:
     return sorted(line.strip() for line in lines[1:] if line.strip())
 
 
+def _platform(arguments: Mapping[str, Any]) -> PlatformContainerd | None:
+    """The platform's containerd ``NodeReadiness`` reads with ``arguments``, None for containerd.service's."""
+    return platform_containerd(arguments["platform"], arguments["unit"])
+
+
+def _containerd_script(arguments: Mapping[str, Any]) -> str:
+    containerd = ContainerdNodeState().command(arguments["binary"])
+    where = _platform(arguments)
+    return f"{containerd}; {platform_script(where)}" if where else containerd
+
+
+def _cri_script(arguments: Mapping[str, Any]) -> str:
+    where = _platform(arguments)
+    cri = ContainerdCriLoaded().command()
+    if where:
+        cri = f"{_path(where)}; {cri_loaded_command(address=where['socket'], unit=where['unit'], log=where['log'])}"
+    return f"if {_HAS.format('journalctl')} && {_HAS.format('systemctl')}; then echo journal; {cri}; fi"
+
+
+def _signals_script(arguments: Mapping[str, Any]) -> str:
+    where = _platform(arguments)
+    return signals_script(where["unit"]) if where else SIGNALS_SCRIPT
+
+
 class NodeReadiness(FactBase[NodeReadinessInfo]):
     """
     Returns in one command everything the readiness chain reads: ``NvidiaHostState`` (PCI,
@@ -277,57 +297,46 @@ class NodeReadiness(FactBase[NodeReadinessInfo]):
         }
     """
 
+    parts: ClassVar[dict[str, Part]] = {
+        "host": Part(NvidiaHostState),
+        "nvml": Part(NvmlInfo),
+        "toolkit": Part(NvidiaContainerToolkit),
+        "cdi": Part(CdiSpecs, lambda arguments: {"dirs": arguments["cdi_dirs"]}),
+        # a platform's containerd (k3s, RKE2, k0s) is not what ContainerdNodeState and ContainerdCriLoaded read
+        "containerd": Part(
+            ContainerdNodeState,
+            lambda arguments: None if _platform(arguments) else {"binary": arguments["binary"]},
+            script=_containerd_script,
+        ),
+        "cri": Part(
+            ContainerdCriLoaded,
+            lambda arguments: None if _platform(arguments) else {},
+            script=_cri_script,
+            read=lambda lines: ContainerdCriLoaded().process(lines[1:]) if lines[:1] == ["journal"] else None,
+            none_unread=True,  # no journal
+        ),
+        "xid": Part(script=lambda arguments: XID_SCRIPT, read=parse_xid),
+        "containerd_journal": Part(script=_signals_script, read=parse_containerd_journal),
+        "validations": Part(script=lambda arguments: VALIDATIONS_SCRIPT, read=parse_listing),
+        "device_plugin": Part(script=lambda arguments: DEVICE_PLUGIN_SCRIPT, read=parse_listing),
+        "dev_nodes": Part(script=lambda arguments: DEV_NODES_SCRIPT, read=parse_dev_nodes),
+        "operator": Part(GpuOperatorState),
+        "cdi_refresh": Part(CdiRefreshUnits),
+    }
+
     @override
     def command(
         self, binary: str, cdi_dirs: list[str] | None = None, platform: str | None = None, unit: str | None = None
     ) -> str:
-        where = platform_containerd(platform, unit)
-        containerd = ContainerdNodeState().command(binary)
-        cri = ContainerdCriLoaded().command()
-        signals = SIGNALS_SCRIPT
-        if where:
-            containerd = f"{containerd}; {platform_script(where)}"
-            cri = f"{_path(where)}; {cri_loaded_command(address=where['socket'], unit=where['unit'], log=where['log'])}"
-            signals = signals_script(where["unit"])
-        parts: dict[str, str] = {
-            "host": NvidiaHostState().command(),
-            "nvml": NvmlInfo().command(),
-            "toolkit": NvidiaContainerToolkit().command(),
-            "cdi": CdiSpecs().command(cdi_dirs),
-            "containerd": containerd,
-            "cri": f"if {_HAS.format('journalctl')} && {_HAS.format('systemctl')}; then echo journal; {cri}; fi",
-            "xid": XID_SCRIPT,
-            "containerd_journal": signals,
-            "validations": VALIDATIONS_SCRIPT,
-            "device_plugin": DEVICE_PLUGIN_SCRIPT,
-            "dev_nodes": DEV_NODES_SCRIPT,
-            "operator": GpuOperatorState().command(),
-            "cdi_refresh": CdiRefreshUnits().command(),
-        }
-        return join_parts(PART, {name: parts[name] for name in READINESS_PARTS}) + "; true"
+        arguments = {"binary": binary, "cdi_dirs": cdi_dirs, "platform": platform, "unit": unit}
+        return joined_command(PART, self.parts, arguments) + "; true"
 
     @override
     def process(self, output: list[str]) -> NodeReadinessInfo:
-        parts = split_parts(output, PART, READINESS_PARTS)
-        cri = parts.get("cri", [])
-        containerd, owned = with_platform(
-            ContainerdNodeState().process(parts.get("containerd", [])), parts.get("containerd", [])
-        )
-        info: NodeReadinessInfo = {
-            "host": NvidiaHostState().process(parts.get("host", [])),
-            "nvml": NvmlInfo().process(parts.get("nvml", [])),
-            "toolkit": NvidiaContainerToolkit().process(parts.get("toolkit", [])),
-            "cdi": CdiSpecs().process(parts.get("cdi", [])),
-            "containerd": containerd,
-            "cri": ContainerdCriLoaded().process(cri[1:]) if cri[:1] == ["journal"] else None,
-            "xid": parse_xid(parts.get("xid", [])),
-            "containerd_journal": parse_containerd_journal(parts.get("containerd_journal", [])),
-            "validations": parse_listing(parts.get("validations", [])),
-            "device_plugin": parse_listing(parts.get("device_plugin", [])),
-            "dev_nodes": parse_dev_nodes(parts.get("dev_nodes", [])),
-            "operator": GpuOperatorState().process(parts.get("operator", [])),
-            "cdi_refresh": CdiRefreshUnits().process(parts.get("cdi_refresh", [])),
-        }
+        sections = split_parts(output, PART, self.parts)
+        info = cast(NodeReadinessInfo, part_values(self.parts, sections))
+        containerd, owned = with_platform(info["containerd"], sections["containerd"])
+        info["containerd"] = containerd
         unit = containerd["platform"]["unit"]
         if owned and unit:
             info["containerd_unit"] = unit

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra_gpunode.hook_supervisor import descendants, process_table
+from pyinfra_gpunode.hooks import hook_argv, hook_environment, shown_argv
 from pyinfra_gpunode.log import logger
 
 SUPERVISOR = str(Path(__file__).with_name("hook_supervisor.py"))
@@ -276,6 +277,31 @@ def run_hook(argv: Sequence[str], env: Mapping[str, str], timeout: float, label:
         raise
     LIVE.discard(process)
     return process.finish()
+
+
+def turn_hook(
+    which: str,
+    template: Sequence[str],
+    timeout: float,
+    node: str,
+    hostname: str,
+    changes: Sequence[str],
+    *,
+    prefix: str = "",
+    turn: str = "1/1",
+    batch: str = "batch 1/1",
+) -> str | None:
+    """Run a node's ``which`` hook (``before`` or ``after`` its rollout turn) on the controller, without a
+    shell: ``template`` with ``{node}`` and ``{hostname}`` filled in (``hooks.hook_argv``), the controller's
+    environment plus what the turn is about (``hooks.hook_environment``), for at most ``timeout`` seconds.
+    ``None`` when it exited 0, else why not (``hook_failure``). ``prefix``: what the node's log lines
+    start with; ``turn`` and ``batch``: where the turn stands in the rollout (``GPUNODE_TURN``,
+    ``GPUNODE_BATCH``)."""
+    argv = hook_argv(template, node, hostname)
+    env = hook_environment(os.environ, which, node, hostname, changes, turn, batch)
+    logger.info("%s%s-hook: %s", prefix, which, shown_argv(argv))
+    run = run_hook(argv, env, timeout, f"{prefix}{which}-hook")
+    return hook_failure(argv[0], timeout, run)
 
 
 @atexit.register

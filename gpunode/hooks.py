@@ -102,3 +102,9 @@ def hook_environment(
         "GPUNODE_TURN": turn,
         "GPUNODE_BATCH": batch,
     }
+
+
+def shown_argv(argv: Sequence[str]) -> str:
+    """A hook's argv as the plan and the log show it: each argument as it is, one that is empty or holds
+    white space in quotes."""
+    return " ".join(repr(arg) if not arg or any(c.isspace() for c in arg) else arg for arg in argv)

@@ -8,6 +8,7 @@ import statistics
 import textwrap
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, TypedDict
 
 from pyinfra_gpunode.hostdata import HostDataError, batch_value_problem
@@ -193,6 +194,51 @@ def parse_turn_mark(lines: Sequence[str]) -> tuple[TurnMark | None, str | None]:
     if problem is not None and not (isinstance(problem, str) and len(problem) <= 1000 and problem.isprintable()):
         return TurnMark(started), f"{TURN_MARKER} holds an unreadable CRI finding: its backup is not used"
     return TurnMark(started, backup, problem), None
+
+
+class OutcomeKind(Enum):
+    """What a node's rollout came to; the value is how the log and the summary name it."""
+
+    DONE = "done"  # its turn changed it (detail: what, e.g. "before-hook, containerd written")
+    UNCHANGED = "unchanged"  # nothing disruptive to do, or its turn changed nothing
+    FAILED = "failed"  # detail: why, and what the node was left with
+    HALTED = "halted"  # no turn: the rollout stopped before it (detail: why)
+    FILES_ONLY = "files only (gpunode_containerd_restart: none)"  # files written outside the turns
+    NOT_IN_ORDER = "not in the rollout order"
+
+
+_WITH_DETAIL = (OutcomeKind.DONE, OutcomeKind.FAILED, OutcomeKind.HALTED)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A node's rollout outcome: its ``kind`` and, for done, failed and halted, a ``detail``. ``str()`` is
+    the text the log and the summary show, e.g. ``failed: before-hook kubectl exited 1; the node was not
+    touched``."""
+
+    kind: OutcomeKind
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}: {self.detail}" if self.kind in _WITH_DETAIL else self.kind.value
+
+    @classmethod
+    def done(cls, did: Sequence[str]) -> Outcome:
+        """A turn that did ``did`` (in order); unchanged when it did nothing."""
+        return cls(OutcomeKind.DONE, ", ".join(did)) if did else cls(OutcomeKind.UNCHANGED)
+
+    @classmethod
+    def failed(cls, why: str) -> Outcome:
+        return cls(OutcomeKind.FAILED, why)
+
+    @classmethod
+    def halted(cls, why: str) -> Outcome:
+        return cls(OutcomeKind.HALTED, why)
+
+
+UNCHANGED = Outcome(OutcomeKind.UNCHANGED)
+FILES_ONLY = Outcome(OutcomeKind.FILES_ONLY)
+NOT_IN_ORDER = Outcome(OutcomeKind.NOT_IN_ORDER)
 
 
 @dataclass

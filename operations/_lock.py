@@ -12,7 +12,6 @@ import os
 import socket
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Generator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +23,8 @@ from pyinfra.api.state import State
 
 from pyinfra_gpunode import shell
 from pyinfra_gpunode.operations._internals import current_state, in_a_run
+from pyinfra_gpunode.operations._run_state import run_state
+from pyinfra_gpunode.operations._shared import command_ran
 
 P = ParamSpec("P")
 
@@ -40,22 +41,15 @@ HOLD_S = 3600
 _TAKE_LOCK = shell.script(Path(__file__).parent / "shell" / "node-lock.sh")
 _RELEASE_LOCK = shell.script(Path(__file__).parent / "shell" / "node-unlock.sh")
 
-# Per run (State): who this run is, as the lock names its holder; the nodes it holds; the nodes
-# whose changes take the lock first (live nodes: an image or chroot is not locked).
-_HOLDERS: weakref.WeakKeyDictionary[State, str] = weakref.WeakKeyDictionary()
-_LOCKED: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
-_TAKEN: weakref.WeakKeyDictionary[State, dict[str, float]] = weakref.WeakKeyDictionary()
-_LIVE: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
-
 
 def lock_changes() -> None:
     """This node's changes in this run take the node lock first (call it while the deploy is added)."""
     if in_a_run():
-        _LIVE.setdefault(current_state(), set()).add(host.name)
+        run_state(current_state()).lock_live.add(host.name)
 
 
 def holds(run: State, name: str) -> bool:
-    return name in _LOCKED.get(run, set())
+    return name in run_state(run).locked
 
 
 def renewal_due(taken: float, now: float, hold_s: float = HOLD_S) -> bool:
@@ -71,16 +65,17 @@ def take() -> Generator[Any, Any, None]:
     if not state.is_executing:
         return
     now = time.monotonic()
-    if holds(run, host.name) and not renewal_due(_TAKEN[run][host.name], now):
+    found = run_state(run)
+    if holds(run, host.name) and not renewal_due(found.lock_taken[host.name], now):
         return
-    if run not in _HOLDERS:
-        _HOLDERS[run] = (
+    if found.lock_holder is None:
+        found.lock_holder = (
             f"pyinfra-gpunode run {uuid.uuid4().hex[:12]} from {socket.gethostname()} pid {os.getpid()} "
             f"since {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}"
         )
-    yield StringCommand(shell.command(_TAKE_LOCK, "gpunode-lock", LOCK, _HOLDERS[run], str(HOLD_S)))
-    _LOCKED.setdefault(run, set()).add(host.name)
-    _TAKEN.setdefault(run, {})[host.name] = now
+    yield StringCommand(shell.command(_TAKE_LOCK, "gpunode-lock", LOCK, found.lock_holder, str(HOLD_S)))
+    found.locked.add(host.name)
+    found.lock_taken[host.name] = now
 
 
 def release() -> Generator[Any, Any, None]:
@@ -88,20 +83,24 @@ def release() -> Generator[Any, Any, None]:
     run = current_state()
     if not state.is_executing or not holds(run, host.name):
         return
-    yield StringCommand(shell.command(_RELEASE_LOCK, "gpunode-lock", LOCK, _HOLDERS[run]))
-    _LOCKED[run].discard(host.name)
+    found = run_state(run)
+    assert found.lock_holder is not None  # it holds a lock
+    yield StringCommand(shell.command(_RELEASE_LOCK, "gpunode-lock", LOCK, found.lock_holder))
+    found.locked.discard(host.name)
 
 
 def lost(run: State, name: str) -> None:
     """Node ``name``'s holder is gone (it rebooted): its next change takes the lock again."""
-    _LOCKED.get(run, set()).discard(name)
+    run_state(run).locked.discard(name)
 
 
 def locked_before_changes(
     operation: Callable[P, Generator[Any, Any, None]],
 ) -> Callable[P, Generator[Any, Any, None]]:
     """An operation's generator that, on a node whose changes take the lock (``lock_changes``), takes
-    it right before the operation's first command; an operation that yields nothing takes nothing."""
+    it right before the operation's first command; an operation that yields nothing takes nothing.
+    Once each of the operation's commands ran, no read of the node taken before it stays current
+    (``_shared.command_ran``): what the operation asks ``node_fact`` for after it is read again."""
 
     @functools.wraps(operation)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> Generator[Any, Any, None]:
@@ -110,10 +109,13 @@ def locked_before_changes(
             first = next(commands, None)
             if first is None:
                 return
-            if host.name in _LIVE.get(current_state(), set()):
+            if host.name in run_state(current_state()).lock_live:
                 yield from take()
             yield first
-            yield from commands
+            command_ran()  # pyinfra resumes an operation once its command ran (a change check stops before)
+            for command in commands:
+                yield command
+                command_ran()
         finally:
             commands.close()
 

@@ -3,7 +3,6 @@ operations, and what each node downloaded before the rollout's turns."""
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from pyinfra_gpunode.facts.package_index import AptDownloads, AptDownloadsInfo
 from pyinfra_gpunode.log import logger, shown
 from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._internals import current_state, in_a_run
+from pyinfra_gpunode.operations._run_state import run_state
 
 
 def pins_of(packages: Mapping[str, str]) -> list[str]:
@@ -48,22 +48,17 @@ def download(packages: Mapping[str, str]) -> StringCommand:
     return StringCommand(shell.command(_DOWNLOAD_SCRIPT, "gpunode-download", *pins_of(packages)))
 
 
-# Per run (State): host name -> the packages downloaded into apt's cache before the rollout's turns (name ->
-# exact version; ``""``: any), which the node's turn installs without downloading.
-_DOWNLOADED: weakref.WeakKeyDictionary[State, dict[str, dict[str, str]]] = weakref.WeakKeyDictionary()
-
-
 def downloaded_packages(run: State, name: str) -> dict[str, str] | None:
     """What ``driver_downloaded`` and ``container_toolkit_downloaded`` put in node ``name``'s apt cache in
     this run (``{}``: nothing was needed); None where neither ran there."""
-    found = _DOWNLOADED.get(run, {}).get(name)
+    found = run_state(run).downloaded.get(name)
     return None if found is None else dict(found)
 
 
 def record(packages: Mapping[str, str]) -> None:
     """Remember, for the node's turn, what is in its apt cache now (only once the run executes)."""
     if state.is_executing and in_a_run():
-        _DOWNLOADED.setdefault(current_state(), {}).setdefault(host.name, {}).update(packages)
+        run_state(current_state()).downloaded.setdefault(host.name, {}).update(packages)
 
 
 def _size(total: int) -> str:

@@ -2,9 +2,10 @@
 
 The first fact asked for through ``node_fact`` on a node reads the node's whole snapshot. Every
 fact the snapshot holds is part of another (``ContainerdService`` of ``ContainerdNodeState``, that
-of ``NodeReadiness``, that of the snapshot), and a fact asked for later is taken from the newest
-read of itself or of a fact that holds it, as long as that read is current: no operation of the
-node has completed with a change, or failed, since it was taken (an operation that declares
+of ``NodeReadiness``, that of the snapshot), as each composite fact declares its parts (``parts``,
+``facts/_composite.py``), and a fact asked for later is taken from the newest read of itself or of
+a fact that holds it, as long as that read is current: no operation of the node has completed with
+a change, or failed, or run a command, since it was taken (an operation that declares
 ``facts_unchanged``, a backup, does not count), and it was taken in the same pass (prepare, or
 execute) or, when pyinfra skips change detection (``-y``: the operations run right after the
 prepare pass, no prompt between), in the prepare pass. Otherwise ``node_fact`` reads that one
@@ -12,40 +13,30 @@ fact (containerd's service, files and dump: ``ContainerdNodeState``, which holds
 keeps it for the facts it holds; a pass that has no snapshot of its own to go on reads the
 snapshot again. On pyinfra-testing's fake hosts it reads the one fact.
 
-Ask through ``node_fact`` only before an operation yields its first command; read again with
-``host.get_fact`` once a command ran.
+A fact asked for through ``node_fact`` after a command of the operation asking ran is read again:
+``locked_before_changes`` (``_lock.py``) tells ``command_ran`` after each command of the operations
+it wraps, every operation that changes a node. Elsewhere read again with ``host.get_fact`` once a
+command ran.
 """
 
 from __future__ import annotations
 
 import inspect
-import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from pyinfra import host, state
 from pyinfra.api import FactBase, State
-from pyinfra.facts.server import LinuxDistribution
 
-from pyinfra_gpunode.facts.cdi import CdiRefreshUnits, CdiSpecs
+from pyinfra_gpunode.facts._composite import holders
 from pyinfra_gpunode.facts.containerd import (
     ContainerdConfigDump,
     ContainerdConfigFiles,
-    ContainerdCriLoaded,
     ContainerdNodeState,
     ContainerdService,
 )
-from pyinfra_gpunode.facts.driver import NvidiaDriver, NvidiaHostState
-from pyinfra_gpunode.facts.gpus import NvidiaGpus
-from pyinfra_gpunode.facts.kernel import NOUVEAU_CONF, HostPrepState, KernelState, NouveauBlacklist
-from pyinfra_gpunode.facts.node import NodeKind, NodeSnapshot
-from pyinfra_gpunode.facts.nvml import NvmlInfo
-from pyinfra_gpunode.facts.operator import GpuOperatorState
-from pyinfra_gpunode.facts.platform import ContainerdPlatform
-from pyinfra_gpunode.facts.readiness import NodeReadiness
-from pyinfra_gpunode.facts.toolkit import NvidiaContainerToolkit
-from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
+from pyinfra_gpunode.facts.kernel import NOUVEAU_CONF
+from pyinfra_gpunode.facts.node import NodeSnapshot
 from pyinfra_gpunode.operations._internals import (
     current_host,
     current_operation,
@@ -54,6 +45,7 @@ from pyinfra_gpunode.operations._internals import (
     node_changes,
     runs_after_prepare,
 )
+from pyinfra_gpunode.operations._run_state import run_state
 from pyinfra_gpunode.settings import RUNTIME_BINARY
 
 T = TypeVar("T")
@@ -64,45 +56,9 @@ DEFAULT_BINARY = RUNTIME_BINARY
 
 _NOT_HELD = object()  # a part the fact holding it did not read
 
-
-def _no_arguments(arguments: dict[str, Any], value: Any) -> dict[str, Any]:
-    return {}
-
-
-# Each fact another fact holds: that fact, where in its value, and the arguments the part was read
-# with (from that fact's arguments and value).
-Held = Callable[[dict[str, Any], Any], dict[str, Any]]
-_PART_OF: dict[Fact, tuple[Fact, Callable[[Any], Any], Held]] = {
-    NodeKind: (NodeSnapshot, lambda v: v["kind"], _no_arguments),
-    LinuxDistribution: (NodeKind, lambda v: v["distribution"], _no_arguments),
-    HostPrepState: (NodeSnapshot, lambda v: v["prep"], lambda a, v: {"path": a["nouveau_path"]}),
-    KernelState: (HostPrepState, lambda v: v["kernel"], _no_arguments),
-    UnattendedUpgradesState: (HostPrepState, lambda v: v["unattended"], _no_arguments),
-    NouveauBlacklist: (HostPrepState, lambda v: v["nouveau"], lambda a, v: {"path": a["path"]}),
-    NodeReadiness: (NodeSnapshot, lambda v: v["readiness"], lambda a, v: {"binary": a["binary"]}),
-    NvidiaHostState: (NodeReadiness, lambda v: v["host"], _no_arguments),
-    NvidiaDriver: (NvidiaHostState, lambda v: v["driver"], _no_arguments),
-    NvidiaGpus: (NvidiaHostState, lambda v: v["pci"], _no_arguments),
-    NvmlInfo: (NodeReadiness, lambda v: v["nvml"], _no_arguments),
-    NvidiaContainerToolkit: (NodeReadiness, lambda v: v["toolkit"], _no_arguments),
-    CdiSpecs: (NodeReadiness, lambda v: v["cdi"], _no_arguments),
-    GpuOperatorState: (NodeReadiness, lambda v: v.get("operator", _NOT_HELD), _no_arguments),
-    CdiRefreshUnits: (NodeReadiness, lambda v: v.get("cdi_refresh", _NOT_HELD), _no_arguments),
-    ContainerdNodeState: (NodeReadiness, lambda v: v["containerd"], lambda a, v: {"binary": a["binary"]}),
-    ContainerdService: (ContainerdNodeState, lambda v: v["service"], _no_arguments),
-    ContainerdPlatform: (ContainerdNodeState, lambda v: v.get("platform", _NOT_HELD), _no_arguments),
-    ContainerdConfigFiles: (ContainerdNodeState, lambda v: v["files"], _no_arguments),
-    ContainerdConfigDump: (  # of the config the unit starts containerd with
-        ContainerdNodeState,
-        lambda v: v["dump"],
-        lambda a, v: {"config_path": v["files"]["main_path"]},
-    ),
-    ContainerdCriLoaded: (  # read only where the node has a journal
-        NodeReadiness,
-        lambda v: _NOT_HELD if v["cri"] is None else v["cri"],
-        _no_arguments,
-    ),
-}
+# Each fact a read of the node snapshot holds -> the composite facts holding it, as they declare their
+# parts (``facts._composite.Part``: where in the composite's value, and with which arguments).
+_HOLDERS = holders(NodeSnapshot)
 
 
 @dataclass(frozen=True)
@@ -114,14 +70,6 @@ class _Read:
     value: Any
 
 
-# Per run (State): host name -> its reads, newest last; the runtime binary its snapshots check for;
-# the operations whose commands change nothing a fact reads.
-_READS: weakref.WeakKeyDictionary[State, dict[str, list[_Read]]] = weakref.WeakKeyDictionary()
-_BINARIES: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
-_UNCHANGING: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
-# Per run (State): host name -> how often its reads were set aside (``read_afresh``).
-_SET_ASIDE: weakref.WeakKeyDictionary[State, dict[str, int]] = weakref.WeakKeyDictionary()
-
 # Read the fact holding these when they are not current: one read then serves the others as well.
 _READ_WHOLE = (ContainerdService, ContainerdConfigFiles, ContainerdConfigDump)
 
@@ -131,41 +79,54 @@ def facts_unchanged() -> None:
     ``/var/lib``): the reads taken before it stay current."""
     op_hash = current_operation()
     if in_a_run() and op_hash:
-        _UNCHANGING.setdefault(current_state(), set()).add(op_hash)
+        run_state(current_state()).unchanging_operations.add(op_hash)
+
+
+def command_ran() -> None:
+    """A command of the running operation ran on this node (``locked_before_changes`` says so after each):
+    from now on no read of the node taken before it is current, so a fact asked for after it through
+    ``node_fact`` is read again, unless the operation declared ``facts_unchanged``. Only while executing
+    (the prepare pass runs no command)."""
+    if not in_a_run() or not state.is_executing:
+        return
+    run = current_state()
+    if current_operation() not in run_state(run).unchanging_operations:
+        read_afresh(run, host.name)
 
 
 def read_afresh(run: State, name: str) -> None:
     """No read of node ``name`` taken so far is current any more: its next facts are read again (a
     rollout turn, once it holds the node lock, decides from what it reads itself)."""
-    counts = _SET_ASIDE.setdefault(run, {})
+    counts = run_state(run).reads_set_aside
     counts[name] = counts.get(name, 0) + 1
 
 
 def _generation(run: State, node: Any) -> int:
     """What makes a read current: the node's changes and failures so far, and its reads set aside."""
-    return node_changes(run, node, _UNCHANGING.get(run, set())) + _SET_ASIDE.get(run, {}).get(node.name, 0)
+    found = run_state(run)
+    return node_changes(run, node, found.unchanging_operations) + found.reads_set_aside.get(node.name, 0)
 
 
 def snapshot_binary(binary: str) -> None:
     """This node's snapshots check for runtime ``binary`` (its host data), so the containerd and
     readiness facts asked for with it come from the snapshot."""
     if in_a_run():
-        _BINARIES.setdefault(current_state(), {})[host.name] = binary
+        run_state(current_state()).snapshot_binaries[host.name] = binary
 
 
 def node_fact(fact: type[FactBase[T]], **kwargs: Any) -> T:
     """``host.get_fact(fact, **kwargs)``, from a current read of this node where one holds it (see the module)."""
-    if fact not in _PART_OF or not in_a_run():
+    if fact not in _HOLDERS or not in_a_run():
         return host.get_fact(fact, **kwargs)
     node = current_host()
     run = current_state()
-    reads = _READS.setdefault(run, {}).setdefault(node.name, [])
+    reads = run_state(run).reads.setdefault(node.name, [])
     changes = _generation(run, node)
     wanted = _arguments(fact, kwargs)
     found = _current_value(fact, wanted, reads, changes)
     if found is not _NOT_HELD:
         return cast(T, found)
-    binary = _BINARIES.get(run, {}).get(node.name, DEFAULT_BINARY)
+    binary = run_state(run).snapshot_binaries.get(node.name, DEFAULT_BINARY)
     if not any(read.fact is NodeSnapshot and _carried(read) for read in reads):  # this pass's first read
         whole: tuple[Fact, dict[str, Any]] = (NodeSnapshot, {"binary": binary, "nouveau_path": NOUVEAU_CONF})
     elif fact in _READ_WHOLE:
@@ -190,11 +151,11 @@ def _current_value(fact: Fact, wanted: dict[str, Any], reads: list[_Read], chang
 def _held(fact: Fact, reads: list[_Read]) -> list[tuple[dict[str, Any], Any]]:
     """``(arguments, value)`` of ``fact`` as the current ``reads`` hold it, newest first."""
     found = [(read.arguments, read.value) for read in reversed(reads) if read.fact is fact]
-    if fact in _PART_OF:
-        whole, part, held = _PART_OF[fact]
+    for whole, key, part in _HOLDERS.get(fact, []):
         for arguments, value in _held(whole, reads):
-            if value is not None and part(value) is not _NOT_HELD:
-                found.append((_arguments(fact, held(arguments, value)), part(value)))
+            held = part.held(key, arguments, value)
+            if held is not None:
+                found.append((_arguments(fact, held[0]), held[1]))
     return found
 
 

@@ -116,11 +116,11 @@ def spec(path: str = DEFAULT_SPEC, owner: str = "project") -> Generator[Any, Any
         host.noop(f"CDI spec {path} matches driver {loaded} and lists the node's {gpu_count} GPU(s) and all")
         return
     tmp = f"{path}.gpunode-tmp"
-    yield StringCommand("echo", QuoteString(reason))
-    yield StringCommand("mkdir", "-p", QuoteString(path.rsplit("/", 1)[0]))
     # A driver from the GPU Operator's driver container: its libraries lie under the container's root.
     found = node_fact(GpuOperatorState)
     root = [f"--driver-root={DRIVER_ROOT}"] if driver_from_container(driver, found) else []
+    yield StringCommand("echo", QuoteString(reason))
+    yield StringCommand("mkdir", "-p", QuoteString(path.rsplit("/", 1)[0]))
     yield StringCommand("nvidia-ctk", "cdi", "generate", "--format=yaml", *root, QuoteString(f"--output={tmp}"))
     yield StringCommand("chmod", "644", QuoteString(tmp), "&&", "mv", "-f", QuoteString(tmp), QuoteString(path))
 

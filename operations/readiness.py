@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -17,15 +16,17 @@ from pyinfra_gpunode.facts.readiness import NodeReadiness, NodeReadinessInfo
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail
 from pyinfra_gpunode.operations._internals import current_state
+from pyinfra_gpunode.operations._run_state import run_state
 from pyinfra_gpunode.operations._shared import node_fact
 from pyinfra_gpunode.platform import platform_containerd
 from pyinfra_gpunode.readiness import NodeReadiness as Report
 from pyinfra_gpunode.readiness import assess, fleet_json, fleet_text, node_text
 from pyinfra_gpunode.settings import CDI_SPEC_PATH, CONTAINERD_MODE, RUNTIME_BINARY, RUNTIME_HANDLER
 
-# Per run (State): node name -> its report, read once (a run that checks for changes first reuses it).
-REPORTS: weakref.WeakKeyDictionary[State, dict[str, Report]] = weakref.WeakKeyDictionary()
-_PRINTED: weakref.WeakSet[State] = weakref.WeakSet()
+
+def reports_of(run: State) -> dict[str, Report]:
+    """Each node's readiness report in run ``run`` (pyinfra's ``State``), by host name, once ``reported`` read it."""
+    return run_state(run).readiness
 
 
 @operation()
@@ -64,7 +65,7 @@ def reported(
         readiness.reported(name="readiness: every link of the chain")
     """
     run = current_state()
-    reports = REPORTS.setdefault(run, {})
+    reports = run_state(run).readiness
     if host.name not in reports:
         facts = _readiness_facts(binary, cdi_spec_dirs)
         reports[host.name] = assess(host.name, facts, binary, cdi_spec_path, handler, mode)
@@ -90,9 +91,9 @@ def _readiness_facts(binary: str, cdi_spec_dirs: list[str] | None) -> NodeReadin
 
 def _print_when_complete(run: State, reports: dict[str, Report], json_path: str | None) -> None:
     order = [node.name for node in run.inventory if node in run.active_hosts]
-    if run in _PRINTED or not all(name in reports for name in order):
+    if run_state(run).readiness_printed or not all(name in reports for name in order):
         return
-    _PRINTED.add(run)
+    run_state(run).readiness_printed = True
     ordered = [reports[name] for name in order]
     unreadable = {
         node.name: "the node failed before its readiness was read (connection or command failed)"

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import time
-import weakref
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,8 +15,8 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.facts.server import Hostname
 
-from pyinfra_gpunode.hook_process import hook_failure, run_hook
-from pyinfra_gpunode.hooks import hook_argv, hook_environment, node_name_problem, placeholders
+from pyinfra_gpunode.hook_process import turn_hook
+from pyinfra_gpunode.hooks import hook_argv, node_name_problem, placeholders, shown_argv
 from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations import _lock, containerd, platform
 from pyinfra_gpunode.operations._atomic import fail, write_file
@@ -32,11 +30,17 @@ from pyinfra_gpunode.operations._internals import (
     outside_operation,
     spawn,
 )
+from pyinfra_gpunode.operations._run_state import run_state
 from pyinfra_gpunode.operations._shared import read_afresh
 from pyinfra_gpunode.rollout import (
+    FILES_ONLY,
+    NOT_IN_ORDER,
     TURN_MARKER,
+    UNCHANGED,
     NodeReport,
     NodeSettings,
+    Outcome,
+    OutcomeKind,
     RolloutPolicy,
     TurnGroup,
     batch_size,
@@ -53,15 +57,6 @@ from pyinfra_gpunode.rollout import (
     unit_problem,
 )
 from pyinfra_gpunode.settings import ROLLOUT_BATCH
-
-# Per run (State): node name -> "done", "unchanged", "failed: <reason>" or "halted: <reason>".
-OUTCOMES: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
-# Per run (State): node name -> what the earlier steps skipped or left pending, for the summary.
-REPORTS: weakref.WeakKeyDictionary[State, dict[str, NodeReport]] = weakref.WeakKeyDictionary()
-# Per run (State): each node's read and settings as its dry-run plan judged them, for the rollout's plan.
-PLANNED: weakref.WeakKeyDictionary[State, dict[str, tuple[containerd.Registration, NodeSettings]]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 @operation(is_idempotent=False, idempotent_notice="Takes the lock once per run and node.")
@@ -189,10 +184,11 @@ def nvidia_runtime_rolled_out(
         yield from _files_only(mine["runtime"])
         return
     run = current_state()
-    if run not in OUTCOMES:
-        _conduct(run, policy, nodes)
-    outcome = OUTCOMES[run].get(host.name, "not in the rollout order")
-    if outcome.startswith(("failed", "not in")):
+    outcomes = run_state(run).outcomes
+    if outcomes is None:
+        outcomes = _conduct(run, policy, nodes)
+    outcome = outcomes.get(host.name, NOT_IN_ORDER)
+    if outcome.kind in (OutcomeKind.FAILED, OutcomeKind.NOT_IN_ORDER):
         yield fail(f"containerd rollout {outcome}")
     else:
         host.noop(f"containerd rollout: {outcome}")
@@ -206,7 +202,7 @@ def _takes_turns(settings: NodeSettings) -> bool:
 
 def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
     found = containerd.registration(**settings["runtime"])
-    PLANNED.setdefault(current_state(), {})[host.name] = (found, settings)
+    run_state(current_state()).planned[host.name] = (found, settings)
     rolling = settings["restart"] == "rolling"
     unit = _unit_problem(found, settings) or _cri_refusal(found, settings)
     if _k0s(found) and found.writes and not rolling:  # containerd.nvidia_runtime fails such a node
@@ -263,7 +259,7 @@ def _resumed_changes(found: containerd.Registration) -> list[str]:
 def planned_rollout(run: State, policy: RolloutPolicy) -> None:
     """Print the rollout's groups in order, from the dry-run plans of the nodes that take turns; nothing
     where no plan was made (with ``-y`` the rollout prints its groups when it starts)."""
-    planned = PLANNED.get(run, {})
+    planned = run_state(run).planned
     judged = {name: planned[name] for name in policy.order if name in planned and _takes_turns(planned[name][1])}
     if judged:
         logger.info("--> Rollout plan\n%s", "\n".join(_layout(run, policy, judged).lines))
@@ -274,12 +270,8 @@ def _plan_hooks(settings: NodeSettings, hostname: str) -> list[str]:
     lines = []
     for which in ("before", "after"):
         argv = hook_argv(settings[which], host.name, hostname)
-        lines.append(f"{which}-hook on the controller: {_shown(argv)}" if argv else f"{which}-hook: none")
+        lines.append(f"{which}-hook on the controller: {shown_argv(argv)}" if argv else f"{which}-hook: none")
     return lines
-
-
-def _shown(argv: list[str]) -> str:
-    return " ".join(repr(arg) if not arg or any(c.isspace() for c in arg) else arg for arg in argv)
 
 
 def _hook_hostname(node: Host, settings: NodeSettings) -> tuple[str, str | None]:
@@ -303,15 +295,17 @@ def _backup_path() -> str:
     return f"{containerd.BACKUP_DIR}/containerd-{datetime.now(UTC):%Y%m%dT%H%M%S.%fZ}.tar"
 
 
-def _conduct(state: State, policy: RolloutPolicy, nodes: Mapping[str, NodeSettings]) -> None:
+def _conduct(state: State, policy: RolloutPolicy, nodes: Mapping[str, NodeSettings]) -> dict[str, Outcome]:
+    """Conduct the whole rollout; every node's outcome (the run's ``outcomes`` from the start: the other
+    hosts of the serial operation report theirs from it)."""
     began = time.monotonic()
-    outcomes: dict[str, str] = {}
-    OUTCOMES[state] = outcomes
+    outcomes: dict[str, Outcome] = {}
+    run_state(state).outcomes = outcomes
     active = {node.name: node for node in state.inventory.get_active_hosts()}
     settings = {name: node_settings(nodes, name) for name in policy.order if name in active}
     for name, mine in settings.items():
         if not _takes_turns(mine):
-            outcomes[name] = "files only (gpunode_containerd_restart: none)"
+            outcomes[name] = FILES_ONLY
     # Read every node in parallel first; only nodes with something to do take a turn.
     checks = {
         name: spawn(state, _check, state, active[name], mine) for name, mine in settings.items() if _takes_turns(mine)
@@ -319,7 +313,7 @@ def _conduct(state: State, policy: RolloutPolicy, nodes: Mapping[str, NodeSettin
     layout = _layout(state, policy, {name: (check.get(), settings[name]) for name, check in checks.items()})
     logger.info("--> Rollout plan\n%s", "\n".join(layout.lines))
     for name in layout.unchanged:
-        outcomes[name] = "unchanged"
+        outcomes[name] = UNCHANGED
         note = layout.judged[name][0].note
         if note:  # k3s or RKE2 adding nvidia themselves
             logger.info("%s%s", active[name].print_prefix, note)
@@ -328,16 +322,16 @@ def _conduct(state: State, policy: RolloutPolicy, nodes: Mapping[str, NodeSettin
     halted = ""
     for group in layout.groups:
         if halted:
-            outcomes.update({name: f"halted: {halted}" for name in group.nodes})
+            outcomes.update({name: Outcome.halted(halted) for name in group.nodes})
             continue
         started = time.monotonic()
         turns = {name: spawn(state, _timed_turn, state, active[name], layout, group, clock) for name in group.nodes}
         outcomes.update({name: turn.get() for name, turn in turns.items()})
         clock.group_seconds.append(time.monotonic() - started)
-        failed += [name for name in group.nodes if outcomes[name].startswith("failed")]
+        failed += [name for name in group.nodes if outcomes[name].kind is OutcomeKind.FAILED]
         halted = _halt_reason(group, failed, policy.max_failed)
     if failed or halted:
-        untouched = [name for name in policy.order if outcomes.get(name, "").startswith("halted")]
+        untouched = [name for name in policy.order if name in outcomes and outcomes[name].kind is OutcomeKind.HALTED]
         for line in halt_lines(failed, untouched):
             logger.warning("--> %s", line)
     logger.info(
@@ -345,6 +339,7 @@ def _conduct(state: State, policy: RolloutPolicy, nodes: Mapping[str, NodeSettin
         summary_table(_reports(state, list(policy.order), outcomes)),
         timing_line(clock.turn_seconds, len(layout.groups), time.monotonic() - began),
     )
+    return outcomes
 
 
 def _halt_reason(group: TurnGroup, failed: list[str], max_failed: int) -> str:
@@ -423,13 +418,13 @@ class _Clock:
         names = [node for group in self.groups for node in group.nodes]
         return f"{names.index(name) + 1}/{len(names)}"
 
-    def ended(self, node: Host, group: TurnGroup, outcome: str, seconds: float) -> None:
-        if outcome.startswith("unchanged"):
+    def ended(self, node: Host, group: TurnGroup, outcome: Outcome, seconds: float) -> None:
+        if outcome.kind is OutcomeKind.UNCHANGED:
             return
         self.turn_seconds[node.name] = seconds
         left = len(self.groups) - len(self.group_seconds) - 1  # the groups after this turn's
         eta = eta_text(self.group_seconds or [seconds], left)
-        word = outcome.split(":", 1)[0]
+        word = outcome.kind.value
         turn, turns = self.number(node.name).split("/")
         logger.info("--> %s", progress_line(int(turn), int(turns), group, node.name, word, seconds, eta))
 
@@ -469,15 +464,16 @@ def _check(state: State, node: Host, settings: NodeSettings) -> containerd.Regis
         return containerd.registration(**settings["runtime"])
 
 
-def _reports(state: State, order: list[str], outcomes: dict[str, str]) -> dict[str, NodeReport]:
-    known = REPORTS.get(state, {})
+def _reports(state: State, order: list[str], outcomes: dict[str, Outcome]) -> dict[str, NodeReport]:
+    known = run_state(state).reports
     reports = {}
     for name in order:
         node = state.inventory.get_host(name)
         report = known.get(name, NodeReport())
-        report.rollout = outcomes.get(name) or _not_reached(state, node)
+        outcome = outcomes.get(name)
+        report.rollout = str(outcome) if outcome is not None else _not_reached(state, node)
         report.changed = sorted({name.rsplit(" | ", 1)[-1] for name in changed_operations(state, node)})
-        if report.rollout.startswith("halted"):
+        if outcome is not None and outcome.kind is OutcomeKind.HALTED:
             report.pending.append("containerd config and restart: rollout halted")
         reports[name] = report
     return reports
@@ -497,20 +493,20 @@ def _not_reached(state: State, node: Host) -> str:
     return f"not reached (failed before the rollout, at {name.rsplit(' | ', 1)[-1]}: {cause})"
 
 
-def _timed_turn(state: State, node: Host, layout: _Layout, group: TurnGroup, clock: _Clock) -> str:
+def _timed_turn(state: State, node: Host, layout: _Layout, group: TurnGroup, clock: _Clock) -> Outcome:
     """``node``'s turn in ``group`` (or its failure in its slot, untouched, where it was refused), timed
     and reported as it ends. An unforeseen error ends this turn only, not the others of its batch."""
     began = time.monotonic()
     found, settings = layout.judged[node.name]
     refused = layout.refused.get(node.name)
     if refused:
-        outcome = f"failed: {refused}"
+        outcome = Outcome.failed(refused)
     else:
         try:
             outcome = _turn(state, node, settings, found, _Position(clock.number(node.name), group.label))
         except Exception as error:  # reported as this node's failure
-            outcome = f"failed: {type(error).__name__}: {printable(str(error))[:500]}"
-    if not outcome.startswith(("unchanged", "halted")):
+            outcome = Outcome.failed(f"{type(error).__name__}: {printable(str(error))[:500]}")
+    if outcome.kind not in (OutcomeKind.UNCHANGED, OutcomeKind.HALTED):
         logger.info("%scontainerd rollout %s", node.print_prefix, outcome)
     clock.ended(node, group, outcome, time.monotonic() - began)
     return outcome
@@ -524,7 +520,9 @@ class _Position:
     batch: str = "batch 1/1"
 
 
-def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Registration, position: _Position) -> str:
+def _turn(
+    state: State, node: Host, settings: NodeSettings, found: containerd.Registration, position: _Position
+) -> Outcome:
     """One node's turn: the node lock, and the node read again under it; the turn's mark; before-hook;
     driver and GPU steps; back up, write its files, restart and verify (what it wrote rolled back on
     failure); after-hook; the mark removed. ``found`` is the run's earlier read: the turn decides from
@@ -537,16 +535,16 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
         try:
             node_locked(name="node: locked for its turn")  # before the before-hook drains it
         except NestedOperationError as error:
-            return f"failed: {_cause(state, node, error)}; the node was not touched"
+            return Outcome.failed(f"{_cause(state, node, error)}; the node was not touched")
         read_afresh(state, node.name)  # the node may have changed since the run's read
         found = containerd.registration(**settings["runtime"])
         hooked = not found.problem  # a refused config fails the node at once: no hook, no driver change
         hostname, refused = _hook_hostname(node, settings) if hooked else ("", None)
     unit = _unit_problem(found, settings) or _cri_refusal(found, settings)
     if refused or unit:
-        return f"failed: {refused or unit}; the node was not touched"
+        return Outcome.failed(f"{refused or unit}; the node was not touched")
     if not _turn_needed(found, settings):
-        return "unchanged"
+        return UNCHANGED
     mark = found.turn_mark
     changes = turn_changes(settings["driver"], found.writes, found.restart_reason if rolling else None)
     changes += _resumed_changes(found)
@@ -555,11 +553,11 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
             try:
                 turn_marked(name="rollout: turn marked on the node", started=datetime.now(UTC).isoformat())
             except NestedOperationError as error:
-                return f"failed: {_cause(state, node, error)}; the node was not touched"
+                return Outcome.failed(f"{_cause(state, node, error)}; the node was not touched")
     if hooked and settings["before"]:
-        failure = _hook(node, "before", settings, hostname, changes, position)
+        failure = _turn_hook(node, "before", settings, hostname, changes, position)
         if failure:
-            return f"failed: before-hook {failure}; the node was not touched"
+            return Outcome.failed(f"before-hook {failure}; the node was not touched")
         did.append("before-hook")
     with outside_operation(node), on_host(state, node):
         try:
@@ -611,23 +609,25 @@ def _turn(state: State, node: Host, settings: NodeSettings, found: containerd.Re
             )
         except NestedOperationError as error:
             unrun = "; after-hook not run" if hooked and settings["after"] else ""
-            return f"failed: {_cause(state, node, error)}{unrun}"
+            return Outcome.failed(f"{_cause(state, node, error)}{unrun}")
     if written.did_change():
         did.append("containerd written")
     if restarted and restarted.did_change():
         did.append("containerd restarted and verified")
     if hooked and settings["after"]:
-        failure = _hook(node, "after", settings, hostname, changes, position)
+        failure = _turn_hook(node, "after", settings, hostname, changes, position)
         if failure:
-            return f"failed: after-hook {failure}; the node was changed: {', '.join(did)}"
+            return Outcome.failed(f"after-hook {failure}; the node was changed: {', '.join(did)}")
         did.append("after-hook")
     if hooked:
         with outside_operation(node), on_host(state, node):
             try:
                 turn_unmarked(name="rollout: turn's mark removed from the node")
             except NestedOperationError as error:
-                return f"failed: {_cause(state, node, error)}; the node was changed: {', '.join(did) or 'nothing'}"
-    return f"done: {', '.join(did)}" if did else "unchanged"
+                return Outcome.failed(
+                    f"{_cause(state, node, error)}; the node was changed: {', '.join(did) or 'nothing'}"
+                )
+    return Outcome.done(did)
 
 
 @operation(is_idempotent=False, idempotent_notice="Marks the turn each time it is called.")
@@ -671,21 +671,23 @@ def _cause(state: State, node: Host, error: NestedOperationError) -> str:
     return stderr.splitlines()[-1] if stderr else "see the log above"
 
 
-def _hook(
+def _turn_hook(
     node: Host,
     which: Literal["before", "after"],
     settings: NodeSettings,
     hostname: str,
     changes: list[str],
-    position: _Position | None = None,
+    position: _Position,
 ) -> str | None:
-    """Run the node's ``which`` hook on the controller (no shell); ``None`` when it exited 0, else why not.
-
-    Its output is logged line by line as it comes; what it started is ended with it (``hook_process``).
-    """
-    argv = hook_argv(settings[which], node.name, hostname)
-    position = position or _Position()
-    env = hook_environment(os.environ, which, node.name, hostname, changes, position.turn, position.batch)
-    logger.info("%s%s-hook: %s", node.print_prefix, which, _shown(argv))
-    run = run_hook(argv, env, settings["hook_timeout"], f"{node.print_prefix}{which}-hook")
-    return hook_failure(argv[0], settings["hook_timeout"], run)
+    """The node's ``which`` hook run for its turn (``hook_process.turn_hook``): ``None``, or why it failed."""
+    return turn_hook(
+        which,
+        settings[which],
+        settings["hook_timeout"],
+        node.name,
+        hostname,
+        changes,
+        prefix=node.print_prefix,
+        turn=position.turn,
+        batch=position.batch,
+    )

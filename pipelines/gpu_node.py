@@ -9,8 +9,6 @@ From the CLI the deploy files call them; from Python::
 from __future__ import annotations
 
 import shutil
-import weakref
-from collections.abc import Callable
 from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
@@ -44,6 +42,7 @@ from pyinfra_gpunode.operations import (
 from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.operations._lock import lock_changes
 from pyinfra_gpunode.operations._packages import downloaded_packages
+from pyinfra_gpunode.operations._run_state import run_state
 from pyinfra_gpunode.operations._shared import node_fact, snapshot_binary
 from pyinfra_gpunode.operator import (
     DRIVER_OFF,
@@ -57,7 +56,7 @@ from pyinfra_gpunode.operator import (
     take_over_note,
 )
 from pyinfra_gpunode.platform import REQUEST_ARGUMENTS, runtime_requests
-from pyinfra_gpunode.rollout import NodeReport, NodeSettings, RolloutPolicy, rollout_order
+from pyinfra_gpunode.rollout import NodeReport, RolloutPolicy, rollout_order
 from pyinfra_gpunode.settings import Settings
 from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit
 
@@ -76,17 +75,15 @@ def host_settings() -> Settings:
     return replace(found, hooks=hooks)
 
 
-# Per run (State): the rollout's policy, worked out once from the whole inventory, not once per host.
-_ROLLOUT_POLICIES: weakref.WeakKeyDictionary[State, RolloutPolicy] = weakref.WeakKeyDictionary()
-
-
 def _rollout_policy(run: State) -> RolloutPolicy:
-    if run not in _ROLLOUT_POLICIES:
+    """The rollout's policy, worked out once per run from the whole inventory, not once per host."""
+    found = run_state(run)
+    if found.rollout_policy is None:
         inventory = list(run.inventory)
         rollout = rollout_settings([other.data.dict() for other in inventory])
         order = rollout_order([other.name for other in inventory], list(rollout.order))
-        _ROLLOUT_POLICIES[run] = RolloutPolicy(tuple(order), rollout.batch, rollout.canary, rollout.max_failed)
-    return _ROLLOUT_POLICIES[run]
+        found.rollout_policy = RolloutPolicy(tuple(order), rollout.batch, rollout.canary, rollout.max_failed)
+    return found.rollout_policy
 
 
 def _runtime(settings: Settings) -> dict[str, Any]:
@@ -113,17 +110,6 @@ def _locked(settings: Settings) -> None:
         lock_changes()
 
 
-# Per run (State): the nodes whose driver changes in their rollout turn: the planned changes and
-# the steps that make them (the driver, then the GPU steps after it).
-_DRIVER_TURNS: weakref.WeakKeyDictionary[State, dict[str, tuple[list[str], Callable[[], None]]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-# Per run (State): every node's own rollout settings, added as each host's deploy runs (at prepare,
-# so complete before the rollout executes); hosts whose data was refused are not in it.
-_NODES: weakref.WeakKeyDictionary[State, dict[str, NodeSettings]] = weakref.WeakKeyDictionary()
-
-
 @deploy("Register the nvidia runtime with containerd")
 def nvidia_runtime_registered(settings: Settings | None = None) -> None:
     """
@@ -146,8 +132,8 @@ def _register(settings: Settings | None) -> None:
     settings = settings or _accepted_settings(gpu=False)
     if settings is None or _platform_refused(settings) or (not checked and _operator_refused(settings, gpu=False)):
         return
-    nodes = _NODES.setdefault(current_state(), {})
-    changes, steps = _DRIVER_TURNS.get(current_state(), {}).get(host.name, ([], None))
+    nodes = run_state(current_state()).nodes  # complete before the rollout executes (added at prepare)
+    changes, steps = run_state(current_state()).driver_turns.get(host.name, ([], None))
     nodes[host.name] = {
         "runtime": _runtime(settings),
         "timeout": settings.containerd.restart_timeout,
@@ -172,21 +158,16 @@ def _register(settings: Settings | None) -> None:
     rollout.node_unlocked(name="node: lock released")
 
 
-# Per run (State): the hosts whose deploy added its steps (at prepare), and whether the rollout's plan was printed.
-_ARRIVED: weakref.WeakKeyDictionary[State, set[str]] = weakref.WeakKeyDictionary()
-_PLAN_PRINTED: weakref.WeakSet[State] = weakref.WeakSet()
-
-
 def _arrived() -> None:
     """This host's deploy has added its steps; once every host's has (hosts prepare in parallel), a dry
     run prints the rollout's groups in order from the nodes' plans."""
     run = current_state()
-    if run.is_executing or run in _PLAN_PRINTED:
+    found = run_state(run)
+    if run.is_executing or found.plan_printed:
         return
-    arrived = _ARRIVED.setdefault(run, set())
-    arrived.add(host.name)
-    if {other.name for other in run.inventory.get_active_hosts()} <= arrived:
-        _PLAN_PRINTED.add(run)
+    found.arrived.add(host.name)
+    if {other.name for other in run.inventory.get_active_hosts()} <= found.arrived:
+        found.plan_printed = True
         try:
             policy = _rollout_policy(run)
         except HostDataError:
@@ -247,7 +228,7 @@ def _container_driver(loaded: str | None, found: GpuOperatorInfo) -> str:
 
 
 def _report() -> NodeReport:
-    return rollout.REPORTS.setdefault(current_state(), {}).setdefault(host.name, NodeReport())
+    return run_state(current_state()).reports.setdefault(host.name, NodeReport())
 
 
 def _driver_request(settings: Settings) -> DriverRequest:
@@ -423,7 +404,7 @@ def gpu_node_prepared() -> None:
         changes = driver.driver_changes(**_driver_arguments(settings)) + _toolkit_changes(settings)
         if changes:  # in the node's turn, whatever gpunode_containerd_restart says; downloaded before
             _downloads(settings)
-            turns = _DRIVER_TURNS.setdefault(current_state(), {})
+            turns = run_state(current_state()).driver_turns
             turns[host.name] = (changes, partial(_gpu_steps, settings, in_turn=True))
         else:
             _gpu_steps(settings)

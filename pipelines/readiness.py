@@ -4,7 +4,7 @@ From the CLI ``deploys/readiness.py`` calls it; from Python::
 
     add_deploy(state, node_readiness_reported)
     run_ops(state)
-    REPORTS[state]   # pyinfra_gpunode.operations.readiness.REPORTS: node name -> readiness.NodeReadiness
+    reports_of(state)   # pyinfra_gpunode.operations.readiness.reports_of: node name -> readiness.NodeReadiness
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from pyinfra_gpunode.facts.node import PART as NODE_PART
 from pyinfra_gpunode.facts.readiness import PART as READINESS_PART
 from pyinfra_gpunode.facts.toolkit import NvidiaContainerToolkit
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesState
+from pyinfra_gpunode.operations._run_state import run_state
 from pyinfra_gpunode.operations.kernel import NOUVEAU_CONF
-from pyinfra_gpunode.operations.rollout import REPORTS
-from pyinfra_gpunode.pipelines.gpu_node import _DRIVER_TURNS, gpu_node_prepared
+from pyinfra_gpunode.pipelines.gpu_node import gpu_node_prepared
 from tests.integration.summary import summary_rows
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -172,7 +172,7 @@ def test_pending_reboot_stops_later_gpu_steps_and_is_reported(run: State, caplog
     assert "nvidia-ctk cdi generate" not in commands(run, "gpu1")
     assert "nvidia-ctk cdi generate" in commands(run, "gpu2")
 
-    reports = {name.removeprefix("@fake/"): report for name, report in REPORTS[run].items()}
+    reports = {name.removeprefix("@fake/"): report for name, report in run_state(run).reports.items()}
     assert reports["gpu1"].pending == ["reboot: driver 550.163.01 installed, no module loaded"]
     assert reports["gpu1"].skipped == ["Fabric Manager, toolkit, CDI: reboot pending"]
     assert reports["gpu2"].pending == [] and reports["gpu2"].skipped == []
@@ -190,7 +190,7 @@ def test_preinstalled_driver_without_host_data_reaches_toolkit_and_cdi(
     executed = commands(run, "h200")
     assert "nvidia-ctk cdi generate" in executed
     assert not re.search(r"apt-get install [^\n]*nvidia|apt-mark hold [^\n]*nvidia", executed), executed
-    report = REPORTS[run]["@fake/h200"]
+    report = run_state(run).reports["@fake/h200"]
     assert report.skipped == ["driver 580.159.04 (open) preinstalled"] and report.pending == []
     summary = next(r.getMessage() for r in caplog.get_records("setup") if "Summary" in r.getMessage())
     row = summary_rows(summary)["@fake/h200"]
@@ -205,7 +205,7 @@ def planned_turns(hosts: list[tuple[str, dict[str, Any]]]) -> dict[str, list[str
         add_deploy(state, gpu_node_prepared)
     finally:
         disconnect_all(state)
-    return {name: changes for name, (changes, _) in _DRIVER_TURNS.get(state, {}).items()}
+    return {name: changes for name, (changes, _) in run_state(state).driver_turns.items()}
 
 
 def test_a_toolkit_upgrade_is_made_in_the_nodes_turn() -> None:

@@ -20,7 +20,7 @@ from pyinfra_gpunode.facts.kernel import NOUVEAU_CONF
 from pyinfra_gpunode.facts.node import PART as NODE_PART
 from pyinfra_gpunode.facts.node import NodeSnapshot
 from pyinfra_gpunode.facts.readiness import PART, NodeReadiness
-from pyinfra_gpunode.operations.readiness import REPORTS
+from pyinfra_gpunode.operations.readiness import reports_of
 from pyinfra_gpunode.pipelines.readiness import node_readiness_reported
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ def test_python_users_get_every_nodes_chain_and_not_ready_nodes_fail(tmp_path: P
         disconnect_all(state)
 
     assert [host.name for host in state.failed_hosts] == ["@fake/gpu2"]
-    reports = REPORTS[state]
+    reports = reports_of(state)
     assert reports["@fake/gpu1"].ready
     assert reports["@fake/gpu2"].first_broken is not None and reports["@fake/gpu2"].first_broken.id == "toolkit"
     document = json.loads(report.read_text())

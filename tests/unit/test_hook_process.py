@@ -18,9 +18,7 @@ import pytest
 from pyinfra.api import Inventory, State
 from pyinfra.api.host import Host
 
-from pyinfra_gpunode.hook_process import HookRun, LineCutter, hook_failure
-from pyinfra_gpunode.operations.rollout import _hook
-from pyinfra_gpunode.rollout import node_settings
+from pyinfra_gpunode.hook_process import HookRun, LineCutter, hook_failure, turn_hook
 
 # Writes its own pid and its setsid child's to the file "$1", then waits (as the same process: both pids
 # are all there is to clean up if the test fails).
@@ -28,21 +26,17 @@ SETSID_HOOK = 'echo $$ > "$1"; setsid sleep 20 & echo $! >> "$1"; echo started; 
 
 CONTROLLER = """
 import sys
-from pyinfra.api import Inventory, State
-from pyinfra_gpunode.operations.rollout import _hook
-from pyinfra_gpunode.rollout import node_settings
-inventory = Inventory((["node1"], {}))
-State(inventory=inventory)
-settings = node_settings({"node1": {"before": sys.argv[1:], "hook_timeout": 600}}, "node1")
+from pyinfra_gpunode.hook_process import turn_hook
+hook = ("before", sys.argv[1:], 600, "node1", "", [])
 """
 # Waits for the hook itself: Ctrl-C comes as a KeyboardInterrupt there.
-WAITING = CONTROLLER + 'print(_hook(inventory.get_host("node1"), "before", settings, "", []))\n'
+WAITING = CONTROLLER + 'print(turn_hook(*hook, prefix="[node1] "))\n'
 # As the pyinfra CLI does: gevent monkey-patched, the hook waited for in another greenlet while the main
 # one takes the KeyboardInterrupt and exits.
 IN_A_GREENLET = (
     "from gevent import monkey\nmonkey.patch_all()\nimport gevent\n"
     + CONTROLLER
-    + 'gevent.spawn(_hook, inventory.get_host("node1"), "before", settings, "", [])\ngevent.sleep(60)\n'
+    + 'gevent.spawn(turn_hook, *hook, prefix="[node1] ")\ngevent.sleep(60)\n'
 )
 
 
@@ -78,9 +72,8 @@ def running(pid: int) -> bool:
 
 
 def run(node: Host, argv: list[str], timeout: float) -> tuple[str | None, float]:
-    settings = node_settings({"node1": {"before": argv, "hook_timeout": timeout}}, "node1")
     started = time.monotonic()
-    failure = _hook(node, "before", settings, "", [])
+    failure = turn_hook("before", argv, timeout, node.name, "", [], prefix=node.print_prefix)
     return failure, time.monotonic() - started
 
 
@@ -124,6 +117,20 @@ def test_a_hook_ignoring_sigterm_is_killed_after_the_grace(
     assert not running(hook)
     assert f"[node1] before-hook: ended pid {hook} (sleep 20) with SIGKILL" in caplog.text
     assert "with SIGTERM" not in caplog.text
+
+
+def test_a_turn_hook_gets_its_argv_filled_in_and_the_turn_in_its_environment(
+    node: Host, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pyinfra.gpunode")
+    script = 'echo "$1 $GPUNODE_HOOK $GPUNODE_NODE $GPUNODE_HOSTNAME $GPUNODE_TURN $GPUNODE_BATCH"'
+    failure = turn_hook(
+        "after", ["sh", "-c", script, "hook", "{hostname}"], 20, node.name, "gpu-1.example", ["driver: install 580"],
+        prefix=node.print_prefix, turn="2/5", batch="canary 2/2",
+    )  # fmt: skip
+    assert failure is None
+    assert f"[node1] after-hook: sh -c {script!r} hook gpu-1.example" in caplog.messages
+    assert "[node1] after-hook | gpu-1.example after node1 gpu-1.example 2/5 canary 2/2" in caplog.messages
 
 
 def test_output_is_logged_line_by_line_as_it_comes(node: Host, caplog: pytest.LogCaptureFixture) -> None:

@@ -17,7 +17,18 @@ from pyinfra_gpunode.containerd_dump import (
     summarize,
 )
 from pyinfra_gpunode.hostdata import HostDataError
-from pyinfra_gpunode.rollout import NodeReport, node_settings, rollout_order, summary_table, unit_problem
+from pyinfra_gpunode.rollout import (
+    FILES_ONLY,
+    NOT_IN_ORDER,
+    UNCHANGED,
+    NodeReport,
+    Outcome,
+    OutcomeKind,
+    node_settings,
+    rollout_order,
+    summary_table,
+    unit_problem,
+)
 
 INVENTORY = ["node1", "node2", "node3"]
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
@@ -207,3 +218,24 @@ def test_the_cri_read_keeps_both_failure_forms_and_no_other_plugins_failure() ->
     ).stdout.splitlines()
     assert sum("failed to load plugin" in line for line in kept) == 3, kept  # 2.x: images and cri; 1.x: cri
     assert not any("btrfs" in line for line in kept)
+
+
+def test_outcomes_are_typed_and_print_as_the_log_and_summary_show_them() -> None:
+    done = Outcome.done(["before-hook", "containerd written", "containerd restarted and verified"])
+    assert (done.kind, str(done)) == (
+        OutcomeKind.DONE, "done: before-hook, containerd written, containerd restarted and verified",
+    )  # fmt: skip
+    assert Outcome.done([]) == UNCHANGED and str(UNCHANGED) == "unchanged"
+    failed = Outcome.failed("before-hook kubectl exited 1; the node was not touched")
+    assert (failed.kind, str(failed)) == (
+        OutcomeKind.FAILED,
+        "failed: before-hook kubectl exited 1; the node was not touched",
+    )
+    halted = Outcome.halted("not touched after the failure on node2")
+    assert str(halted) == "halted: not touched after the failure on node2"
+    assert str(FILES_ONLY) == "files only (gpunode_containerd_restart: none)"
+    assert str(NOT_IN_ORDER) == "not in the rollout order"
+    assert (
+        f"containerd rollout {failed}"
+        == "containerd rollout failed: before-hook kubectl exited 1; the node was not touched"
+    )
