@@ -30,6 +30,8 @@ for shard in "${shards[@]}"; do
     pids+=("$!")
     echo "shard $shard: pytest $! (log $logs/$shard.log)"
 done
+# Background jobs of a script start with SIGINT ignored: stop the shards when this script is stopped.
+trap 'kill -TERM "${pids[@]}" 2>/dev/null; exit 130' INT TERM
 failed=()
 for i in "${!shards[@]}"; do
     wait "${pids[$i]}" || failed+=("${shards[$i]}")

@@ -24,8 +24,12 @@ from pyinfra_gpunode.hook_process import HookRun, LineCutter, hook_failure, turn
 # are all there is to clean up if the test fails).
 SETSID_HOOK = 'echo $$ > "$1"; setsid sleep 20 & echo $! >> "$1"; echo started; exec sleep 20'
 
+# Ctrl-C raises KeyboardInterrupt, as in a pyinfra started from a terminal, even where this test runs as a
+# background job of a shell script (which starts with SIGINT ignored, and so would every process it starts).
 CONTROLLER = """
+import signal
 import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from pyinfra_gpunode.hook_process import turn_hook
 hook = ("before", sys.argv[1:], 600, "node1", "", [])
 """
