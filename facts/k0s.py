@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import shlex
+from collections.abc import Callable
 from typing import TypedDict
 
 from pyinfra.api import FactBase
@@ -73,50 +74,63 @@ class K0sContainerd(FactBase[K0sContainerdInfo]):
 
     @override
     def command(self) -> str:
-        has_containerd = "command -v containerd >/dev/null 2>&1"
-        return "; ".join(
-            [
-                _PATH,
-                marker("version"),
-                f"if {has_containerd}; then containerd --version; fi",
-                marker("files"),
-                f"for f in {K0S_CONFIG} {K0S_DROPINS}/*.toml; do "
-                'if [ -f "$f" ] && [ -r "$f" ]; then '
-                'echo "$(stat -L -c %a "$f") $(printf %s "$f" | base64 -w0) '
-                f'$(head -c {FILE_BYTES} "$f" | base64 -w0)"; fi; done',
-                marker("dump"),
-                f"if {has_containerd}; then {_dump_script(K0S_CONFIG)}; fi",
-                marker("processes"),
-                _PROCESSES,
-            ]
-        )
+        return tree_command(BIN_DIR, K0S_CONFIG, K0S_DROPINS)
 
     @override
     def process(self, output: list[str]) -> K0sContainerdInfo:
-        sections = split_sections(output)
-        version = sections.get("version", [])
-        texts: dict[str, str] = {}
-        modes: dict[str, str] = {}
-        for line in sections.get("files", []):
-            mode, _, rest = line.partition(" ")
-            path_b64, _, text_b64 = rest.partition(" ")
-            path, text = _decoded(path_b64), _decoded(text_b64)
-            if path and text is not None and (path == K0S_CONFIG or path.startswith(f"{K0S_DROPINS}/")):
-                texts[path] = text
-                modes[path] = mode if mode.isdigit() else "644"
-        processes = {}
-        for line in sections.get("processes", []):
-            pid, _, unit = line.partition(" ")
-            if pid.isdigit():
-                processes[int(pid)] = unit.strip()
-        dump = sections.get("dump", [])
-        return {
-            "version": ContainerdVersion().process(version) if version else None,
-            "texts": texts,
-            "modes": modes,
-            "dump": _process_dump(dump) if dump else None,
-            "processes": processes,
-        }
+        return process_tree(output, lambda path: path == K0S_CONFIG or path.startswith(f"{K0S_DROPINS}/"))
+
+
+def tree_command(bin_dir: str, config: str, dropins: str, extra: list[str] | None = None) -> str:
+    """What ``K0sContainerd`` (and a platform's like fact) runs: the platform's containerd from ``bin_dir``
+    first, its version, the texts of ``config`` and ``dropins``/*.toml, the dump of ``config``, the
+    containerd processes by unit, then the ``extra`` parts."""
+    has_containerd = "command -v containerd >/dev/null 2>&1"
+    return "; ".join(
+        [
+            f'PATH={bin_dir}:"$PATH"; export PATH',
+            marker("version"),
+            f"if {has_containerd}; then containerd --version; fi",
+            marker("files"),
+            f"for f in {config} {dropins}/*.toml; do "
+            'if [ -f "$f" ] && [ -r "$f" ]; then '
+            'echo "$(stat -L -c %a "$f") $(printf %s "$f" | base64 -w0) '
+            f'$(head -c {FILE_BYTES} "$f" | base64 -w0)"; fi; done',
+            marker("dump"),
+            f"if {has_containerd}; then {_dump_script(config)}; fi",
+            marker("processes"),
+            _PROCESSES,
+            *(extra or []),
+        ]
+    )
+
+
+def process_tree(output: list[str], accepted: Callable[[str], bool]) -> K0sContainerdInfo:
+    """``tree_command``'s output parsed; only files whose path is ``accepted`` are kept."""
+    sections = split_sections(output)
+    version = sections.get("version", [])
+    texts: dict[str, str] = {}
+    modes: dict[str, str] = {}
+    for line in sections.get("files", []):
+        mode, _, rest = line.partition(" ")
+        path_b64, _, text_b64 = rest.partition(" ")
+        path, text = _decoded(path_b64), _decoded(text_b64)
+        if path and text is not None and accepted(path):
+            texts[path] = text
+            modes[path] = mode if mode.isdigit() else "644"
+    processes = {}
+    for line in sections.get("processes", []):
+        pid, _, unit = line.partition(" ")
+        if pid.isdigit():
+            processes[int(pid)] = unit.strip()
+    dump = sections.get("dump", [])
+    return {
+        "version": ContainerdVersion().process(version) if version else None,
+        "texts": texts,
+        "modes": modes,
+        "dump": _process_dump(dump) if dump else None,
+        "processes": processes,
+    }
 
 
 def candidate_input(main_text: str, dropin_text: str) -> str:
@@ -143,22 +157,29 @@ class K0sCandidateDump(FactBase[DumpInfo | None]):
 
     @override
     def command(self, dropin_path: str) -> str:
-        staged = f'"$S"{shlex.quote(dropin_path)}'
-        return (
-            f'{_PATH}; T=$(mktemp -d) && trap \'rm -rf "$T"\' EXIT && S="$T/stage" && '
-            f'mkdir -p "$S"{K0S_DROPINS} && '
-            'if { { read -r c && read -r d || { echo "no candidate config on stdin" >&2; false; }; } && '
-            f'ok=1; for f in {K0S_DROPINS}/*.toml; do if [ -f "$f" ]; then cat "$f" > "$S$f" || ok=0; fi; done; '
-            '[ "$ok" = 1 ] && '
-            f'printf %s "$c" | base64 -d | sed "s#{STAGE}#$S#g" > "$S"{K0S_CONFIG} && '
-            f'rm -f {staged} && printf %s "$d" | base64 -d > {staged}; }} 2>"$T/err"; then '
-            f'containerd --config "$S"{K0S_CONFIG} config dump 2>"$T/err"; rc=$?; else rc=stage; fi; '
-            'echo "### gpunode-stderr"; sed "s#$S##g" "$T/err"; echo "### gpunode-rc $rc"'
-        )
+        return candidate_command(BIN_DIR, K0S_CONFIG, K0S_DROPINS, dropin_path)
 
     @override
     def process(self, output: list[str]) -> DumpInfo:
         return _process_dump(output)
+
+
+def candidate_command(bin_dir: str, config: str, dropins: str, dropin_path: str) -> str:
+    """What ``K0sCandidateDump`` (and a platform's like fact) runs: ``config`` (from stdin) and
+    ``dropins``/*.toml copied into a stage with the drop-in ``dropin_path`` (from stdin), dumped by the
+    platform's containerd (``bin_dir`` first)."""
+    staged = f'"$S"{shlex.quote(dropin_path)}'
+    return (
+        f'PATH={bin_dir}:"$PATH"; export PATH; T=$(mktemp -d) && trap \'rm -rf "$T"\' EXIT && S="$T/stage" && '
+        f'mkdir -p "$S"{dropins} && '
+        'if { { read -r c && read -r d || { echo "no candidate config on stdin" >&2; false; }; } && '
+        f'ok=1; for f in {dropins}/*.toml; do if [ -f "$f" ]; then cat "$f" > "$S$f" || ok=0; fi; done; '
+        '[ "$ok" = 1 ] && '
+        f'printf %s "$c" | base64 -d | sed "s#{STAGE}#$S#g" > "$S"{config} && '
+        f'rm -f {staged} && printf %s "$d" | base64 -d > {staged}; }} 2>"$T/err"; then '
+        f'containerd --config "$S"{config} config dump 2>"$T/err"; rc=$?; else rc=stage; fi; '
+        'echo "### gpunode-stderr"; sed "s#$S##g" "$T/err"; echo "### gpunode-rc $rc"'
+    )
 
 
 class K0sCriLoaded(FactBase[CriLoaded]):

@@ -45,6 +45,11 @@ def rancher_config(program: str) -> str:
     return f"/var/lib/rancher/{program}/agent/etc/containerd/config.toml"
 
 
+def rancher_log(program: str) -> str:
+    """The file k3s or RKE2 (``program``) sends its containerd's output to."""
+    return f"/var/lib/rancher/{program}/agent/containerd/containerd.log"
+
+
 class PlatformContainerd(TypedDict):
     """Where a platform's own containerd lives: what the readiness report reads instead of containerd.service's."""
 
@@ -78,7 +83,7 @@ def platform_containerd(name: str | None, unit: str | None) -> PlatformContainer
         "root": config.rsplit("/", 1)[0],
         "socket": K3S_SOCKET,
         "bin_dirs": (f"/var/lib/rancher/{name}/data/current/bin", f"/var/lib/rancher/{name}/bin"),
-        "log": f"/var/lib/rancher/{name}/agent/containerd/containerd.log",
+        "log": rancher_log(name),
     }
 
 
@@ -250,7 +255,8 @@ def rancher_unapplied(info: ContainerdPlatformInfo | None, requests: Mapping[str
     """
     Why a k3s or RKE2 node whose agent adds the nvidia runtime itself (``rancher_nvidia``) is refused:
     host data asks the containerd step for something the agent's own runtime does not give (``requests``,
-    from ``runtime_requests``), and gpunode writes no containerd config there. Each key is named with the
+    from ``runtime_requests``) and, where no drop-in applies it (``containerd.rancher_refusal`` decides, with
+    ``rancher.layout_problem``), gpunode writes no containerd config there. Each key is named with the
     agent's own way to get it; ``None`` where nothing asked is left unapplied.
     """
     if not rancher_nvidia(info):

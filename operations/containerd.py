@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import posixpath
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,7 @@ from pyinfra import host, state
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 from pyinfra.facts.files import File
 
-from pyinfra_gpunode import k0s, shell
+from pyinfra_gpunode import k0s, rancher, shell
 from pyinfra_gpunode.containerd_dropin import MODES, OUR_DROPIN, Options, Plan, plan, same_meaning, staged_imports
 from pyinfra_gpunode.containerd_dump import (
     CriLoaded,
@@ -49,6 +49,7 @@ from pyinfra_gpunode.facts.containerd import (
 )
 from pyinfra_gpunode.facts.k0s import K0sCandidateDump, K0sContainerd
 from pyinfra_gpunode.facts.k0s import candidate_input as k0s_candidate_input
+from pyinfra_gpunode.facts.rancher import RancherCandidateDump, RancherContainerd
 from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
@@ -58,6 +59,7 @@ from pyinfra_gpunode.platform import (
     K0S_CONFIG,
     K0S_DROPINS,
     ContainerdPlatformInfo,
+    rancher_config,
     rancher_note,
     rancher_nvidia,
     rancher_restart_reason,
@@ -164,8 +166,12 @@ def _registration(
             binary=binary, handler=handler, systemd_cgroup=systemd_cgroup, default_runtime=default_runtime,
             enable_cdi=enable_cdi, cdi_spec_dirs=cdi_spec_dirs, mode=mode, enable_nri=enable_nri,
         )  # fmt: skip
-        unapplied = rancher_unapplied(node["platform"], requests)
-        return Registration(unapplied) if unapplied else _rancher_registration(node["platform"])
+        refused = rancher_refusal(node["platform"], requests)
+        if refused:
+            return Registration(refused)
+        if not rancher_unapplied(node["platform"], requests):
+            return _rancher_registration(node["platform"])
+        return _rancher_dropin_registration(node["platform"], requests, handler)
     if (node.get("platform") or {}).get("name") == "k0s":
         k0s_options = Options(
             binary=binary,
@@ -297,7 +303,7 @@ def _k0s_registration(
     """A k0s node whose ``/etc/k0s/containerd.toml`` k0s manages: our drop-in in ``/etc/k0s/containerd.d``,
     planned as on containerd 2.x (version 3, plugin ``io.containerd.cri.v1.runtime``) and judged by k0s'
     own containerd on a staged copy of its tree, never written here (the write restarts k0s' containerd:
-    ``platform.k0s_runtime_applied`` writes it in the node's turn)."""
+    ``platform.runtime_dropin_applied`` writes it in the node's turn)."""
     node = host.get_fact(K0sContainerd)
     layout = k0s.layout_problem(node["version"], node["texts"])
     if layout:
@@ -400,6 +406,63 @@ def _candidate_problem(
     return "containerd config not changed: " + handler_missing if handler_missing else None
 
 
+def rancher_refusal(info: ContainerdPlatformInfo | None, requests: Mapping[str, object]) -> str | None:
+    """Why a k3s or RKE2 node whose agent adds the nvidia runtime itself is refused for host data it asks
+    beyond that (``platform.rancher_unapplied``), or ``None``: also where a drop-in in the agent's
+    ``config-v3.toml.d`` applies it all (the agent's containerd 2.x, its generated config version 3
+    importing that directory, nvidia already in it, no binary other than the one the agent finds)."""
+    unapplied = rancher_unapplied(info, requests)
+    if not unapplied or not info or rancher_nvidia(info) != "present" or not rancher.appliable(requests, info):
+        return unapplied
+    program = info["name"] or ""
+    node = host.get_fact(RancherContainerd, program=program)
+    layout = rancher.layout_problem(node["version"], node["texts"].get(rancher_config(program)), program)
+    return unapplied if layout else None
+
+
+def _rancher_dropin_registration(
+    info: ContainerdPlatformInfo, requests: dict[str, object], handler: str
+) -> Registration:
+    """A k3s or RKE2 node whose agent adds the nvidia runtime itself and host data asks for more
+    (``requests``), where a drop-in applies it (``rancher_refusal``): our drop-in in the agent's
+    ``config-v3.toml.d`` with only the keys asked, judged by the agent's own containerd on a staged copy of
+    the generated config and the directory, never written here (it takes a restart of the agent's unit:
+    ``platform.runtime_dropin_applied`` writes it in the node's turn)."""
+    program = info["name"] or ""
+    node = host.get_fact(RancherContainerd, program=program)
+    config, path = rancher_config(program), rancher.dropin_path(program)
+    texts, before = node["texts"], node["dump"]
+    if before is None or before["error"]:
+        error = before["error"] if before else "no dump"
+        return Registration(f"containerd config not changed: {program}'s containerd does not load {config}: {error}")
+    table = rancher.dropin_table(requests, info, texts[config])
+    text = rancher.render(table, info)
+    current_cri_problem = cri_start_problem(before, config, texts, rancher.etc_dir(program))
+    if texts.get(path) == text:
+        return Registration(
+            platform=info, note=rancher.applied_note(info, table), current_cri_problem=current_cri_problem
+        )
+    main = staged_imports(texts[config], root=rancher.etc_dir(program))
+    after = host.get_fact(RancherCandidateDump, program=program, _stdin=k0s_candidate_input(main, text))
+    candidate_tree = resolve_tree(config, {**texts, path: text}, rancher.etc_dir(program))
+    found = Registration(
+        writes={path: text},
+        current={path: texts[path]} if path in texts else {},
+        modes={path: strictest_mode([], base=node["modes"].get(path, "644"))},
+        owners={path: "root:root"},
+        platform=info,
+        current_cri_problem=current_cri_problem,
+        note=rancher.write_line(info, table),
+    )
+    judged = Plan(config_path=config, dropin_path=path, dropin_text=text, intended=rancher.intended(table))
+    assert info["toolkit"] is not None  # rancher_nvidia says present
+    found.problem = _candidate_problem(before, after, candidate_tree, judged, info["toolkit"], handler, False)
+    unshown = rancher.unshown(after["dump"], table, path) if after and not found.problem else []
+    if unshown:
+        found.problem = "containerd config not changed: the candidate config does not show " + "; ".join(unshown)
+    return found
+
+
 def _rancher_registration(info: ContainerdPlatformInfo) -> Registration:
     """k3s or RKE2 add the nvidia runtime themselves: nothing to write; their unit restarted where
     their generated config lacks it yet."""
@@ -481,12 +544,17 @@ def nvidia_runtime(
     ``/etc/k0s/containerd.d/nvidia-gpunode.toml`` (version 3, ``io.containerd.cri.v1.runtime``),
     judged the same way by k0s' containerd; since k0s restarts its containerd when it changes, this
     step never writes it and fails the node instead: the rollout writes it in the node's turn
-    (``platform.k0s_runtime_applied``).
+    (``platform.runtime_dropin_applied``).
 
     On a k3s or RKE2 node whose agent finds the toolkit's ``nvidia-container-runtime`` (and so adds
     the nvidia runtime itself) nothing is written, and the step says where the runtime was found;
     while the generated config lacks it, the rollout restarts the agent's unit instead
-    (``platform.unit_restarted``).
+    (``platform.unit_restarted``). What the arguments ask beyond the agent's runtime goes, on
+    containerd 2.x with a version-3 generated config, into
+    ``/var/lib/rancher/<program>/agent/etc/containerd/config-v3.toml.d/90-gpunode-nvidia.toml``,
+    judged by the agent's containerd; since it takes effect only when the agent's unit restarts, this
+    step fails the node instead of writing it: the rollout writes it in the node's turn
+    (``platform.runtime_dropin_applied``).
 
     **Example:**
 
@@ -525,6 +593,13 @@ def nvidia_runtime(
             f"containerd config not changed: k0s restarts its containerd as soon as a file in {K0S_DROPINS}/ "
             "changes, so the write is a restart: gpunode writes it only in the node's rollout turn "
             "(gpunode_containerd_restart: rolling), never as a file-only step"
+        )
+        return
+    if found.platform:  # k3s or RKE2: the drop-in takes effect when the agent's unit restarts
+        yield fail(
+            f"containerd config not changed: {', '.join(found.writes)} takes effect only when "
+            f"{found.platform['unit']} restarts (the kubelet with it), so gpunode writes it only in the node's "
+            "rollout turn, with that restart (gpunode_containerd_restart: rolling), never as a file-only step"
         )
         return
     for path, text in found.writes.items():

@@ -1,10 +1,12 @@
 """Nodes whose containerd a platform (k3s, RKE2, k0s, EKS nodeadm) owns: refused before anything changes on
-them, except k3s and RKE2 where they add the nvidia runtime themselves (their unit restarted when due)."""
+them, except k3s and RKE2 where they add the nvidia runtime themselves (their unit restarted when due, a
+drop-in for what host data asks beyond it), and k0s, which takes gpunode's drop-in."""
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -12,10 +14,11 @@ from typing import Any
 from pyinfra import host, state
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from pyinfra_gpunode import k0s, shell
+from pyinfra_gpunode import k0s, rancher, shell
 from pyinfra_gpunode.containerd_dump import CriLoaded, expected_after_restart, restart_problem, summarize
 from pyinfra_gpunode.facts.k0s import K0sContainerd, K0sCriLoaded
 from pyinfra_gpunode.facts.platform import ContainerdPlatform
+from pyinfra_gpunode.facts.rancher import RancherContainerd, RancherContainerdInfo, RancherCriLoaded
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import containerd
 from pyinfra_gpunode.operations._atomic import fail, write_file
@@ -25,17 +28,20 @@ from pyinfra_gpunode.platform import (
     K0S_DROPINS,
     K0S_SOCKET,
     K3S_SOCKET,
+    NAMES,
+    RANCHER,
+    ContainerdPlatformInfo,
     rancher_config,
+    rancher_log,
     rancher_nvidia,
     rancher_restart_reason,
-    rancher_unapplied,
     refusal,
 )
 from pyinfra_gpunode.settings import RESTART_TIMEOUT
 
 _RESTART_AND_VERIFY = shell.script(Path(__file__).parent / "shell" / "platform-restart.sh")
-# Wait for k0s to restart its containerd after a change in its drop-in directory (shell/k0s-wait.sh).
-_K0S_WAIT = shell.script(Path(__file__).parent / "shell" / "k0s-wait.sh")
+# Wait for a platform's new containerd after a change in its drop-in directory (shell/platform-wait.sh).
+_PLATFORM_WAIT = shell.script(Path(__file__).parent / "shell" / "platform-wait.sh")
 
 
 @operation()
@@ -56,7 +62,9 @@ def supported(requests: dict[str, object] | None = None) -> Generator[Any, Any, 
 
     + requests: the containerd step's host-data keys that ask for more than their defaults
       (``platform.runtime_requests``): a k3s or RKE2 node whose agent adds the nvidia runtime itself
-      is refused where any of them would go unapplied, each named with the agent's own way to get it
+      is refused where any of them would go unapplied (no drop-in in the agent's ``config-v3.toml.d``
+      applies them: containerd 1.x, a version-2 generated config, another binary), each named with the
+      agent's own way to get it
 
     **Example:**
 
@@ -76,10 +84,10 @@ def supported(requests: dict[str, object] | None = None) -> Generator[Any, Any, 
 
 def platform_problem(requests: Mapping[str, object] | None = None) -> str | None:
     """Why ``supported`` fails this node (``platform.refusal``; on a k3s or RKE2 node, host data ``requests``
-    left unapplied, ``platform.rancher_unapplied``; on a k0s node whose config k0s manages,
+    left unapplied, ``containerd.rancher_refusal``; on a k0s node whose config k0s manages,
     ``k0s.layout_problem`` from k0s' own containerd and files), or ``None``. Reads only."""
     found = node_fact(ContainerdPlatform)
-    problem = refusal(found) or rancher_unapplied(found, requests or {})
+    problem = refusal(found) or containerd.rancher_refusal(found, requests or {})
     if problem or found["name"] != "k0s":
         return problem
     node = host.get_fact(K0sContainerd)
@@ -124,110 +132,183 @@ def unit_restarted(timeout: int = RESTART_TIMEOUT) -> Generator[Any, Any, None]:
     )
 
 
+@dataclass(frozen=True)
+class _Site:
+    """Where a platform's containerd reads our drop-in, and how it is restarted after a change."""
+
+    label: str  # who restarts containerd: "k0s", "k3s", "RKE2"
+    unit: str
+    dropins: str  # the drop-in directory, saved before the write and put back on failure
+    path: str  # our drop-in
+    bin_dir: str  # the platform's ctr, for the wait
+    program: str | None  # k3s or rke2 (their facts, their log); None: k0s
+    log: str | None  # k3s and RKE2 send their containerd's output there (its CRI start line)
+
+    @property
+    def containerd(self) -> str:
+        """The platform's containerd, as messages name it: "k0s' containerd", "RKE2's containerd"."""
+        return f"{self.label}' containerd" if self.label.endswith("s") else f"{self.label}'s containerd"
+
+
+def _site(info: ContainerdPlatformInfo | None) -> _Site | None:
+    """Where the platform of ``info`` takes our drop-in, or ``None`` (no platform, or one that takes none)."""
+    if not info or not info["unit"]:
+        return None
+    name, unit = info["name"], info["unit"]
+    if name == "k0s":
+        return _Site("k0s", unit, K0S_DROPINS, k0s.DROPIN, k0s.BIN_DIR, None, None)
+    if name in RANCHER:
+        return _Site(
+            NAMES[name], unit, rancher.dropin_dir(name), rancher.dropin_path(name), rancher.bin_dir(name), name,
+            rancher_log(name),
+        )  # fmt: skip
+    return None
+
+
 @operation(
-    is_idempotent=False, idempotent_notice="Writes, and so restarts k0s' containerd, only while the drop-in differs."
+    is_idempotent=False,
+    idempotent_notice="Writes, and so restarts the platform's containerd, only while the drop-in differs.",
 )
 @locked_before_changes
-def k0s_runtime_applied(
+def runtime_dropin_applied(
     timeout: int = RESTART_TIMEOUT, runtime: dict[str, Any] | None = None
 ) -> Generator[Any, Any, None]:
     """
-    Register the nvidia runtime on a k0s node with a drop-in in ``/etc/k0s/containerd.d/``
-    (``nvidia-gpunode.toml``), which k0s answers by restarting its containerd: the write is the
-    restart, so call it only in the node's turn (the rollout does, after the before-hook). The
-    kubelet keeps running: k0s restarts only containerd.
+    Write gpunode's containerd drop-in where a platform owns containerd, and restart and verify the
+    platform's containerd: on a k0s node the nvidia runtime in ``/etc/k0s/containerd.d/nvidia-gpunode.toml``,
+    which k0s answers by restarting its containerd (the write is the restart; the kubelet keeps running);
+    on a k3s or RKE2 node whose agent adds the nvidia runtime itself, what host data asks beyond it
+    (nvidia as default runtime, CDI, SystemdCgroup, NRI) in
+    ``/var/lib/rancher/<program>/agent/etc/containerd/config-v3.toml.d/90-gpunode-nvidia.toml``, then the
+    agent's unit restarted (the kubelet restarts with it). Call it only in the node's turn (the rollout
+    does, after the before-hook).
 
-    + timeout: seconds k0s' containerd may take, once k0s restarted it (about 3 s after the write),
-      to bring its CRI plugin up on ``/run/k0s/containerd.sock``
+    + timeout: seconds the platform's new containerd may take (on k0s, once k0s restarted it about 3 s
+      after the write) to bring its CRI plugin up on its socket
     + runtime: ``containerd.nvidia_runtime``'s arguments (the drop-in is planned and judged as there,
-      by k0s' own containerd on a staged copy of its tree)
+      by the platform's own containerd on a staged copy of its tree)
 
-    First ``/etc/k0s/containerd.d`` is saved in a tar readable by root only (under
+    First the drop-in directory is saved in a tar readable by root only (under
     ``/var/lib/pyinfra-gpunode/backup``), then the drop-in is written and the new containerd
-    process under the k0s unit (another PID than before) is verified as ``containerd.restarted_if_pending``
-    verifies containerd.service: its CRI plugin loaded every runtime of the merged config, nvidia
-    included, and every runtime the previous process had (from its start line in the journal, else
-    ``ctr plugins ls`` on the k0s socket). On failure the directory is put back as the tar holds it
-    (our file removed, or restored), which makes k0s restart containerd again, that restart is
-    verified against the previous process, and the host fails with both findings. Where the
+    process under the platform's unit (another PID than before) is verified as
+    ``containerd.restarted_if_pending`` verifies containerd.service: its CRI plugin loaded every runtime
+    of the merged config, nvidia included, the merged config's default runtime and every runtime the
+    previous process had (from its start line: in the journal on k0s, the last one the agent's
+    ``containerd.log`` holds past its size before the restart on k3s and RKE2; else ``ctr plugins ls`` on
+    the platform's socket). On failure the directory is put back as the tar holds it (our file removed,
+    or restored), containerd is restarted again (k0s does so itself; the agent's unit is restarted), that
+    restart is verified against the previous process, and the host fails with both findings. Where the
     drop-in already says what is planned it does nothing, and a refused node fails naming why.
 
     **Example:**
 
     .. code:: python
 
-        platform.k0s_runtime_applied(name="k0s: nvidia runtime drop-in written and verified", timeout=60)
+        platform.runtime_dropin_applied(name="k0s: nvidia runtime drop-in written and verified", timeout=60)
     """
     found = containerd.registration(**(runtime or {}))
     if found.problem:
         yield fail(found.problem)
         return
-    if not found.writes or not found.platform or found.platform["name"] != "k0s":
-        host.noop("k0s' containerd has the nvidia runtime config")
+    site = _site(found.platform)
+    if not found.writes or site is None or site.path not in found.writes:
+        host.noop("the platform's containerd has the config host data asks for")
         return
-    unit = found.platform["unit"]
-    node = host.get_fact(K0sContainerd)
-    old = _k0s_pid(node["processes"], unit)
-    if not unit or old is None:
-        yield fail(
-            f"containerd config not changed: no containerd process runs in the k0s unit ({unit or 'none found'})"
-        )
+    node = _tree(site)
+    old = _newest(node["processes"], site.unit)
+    if old is None:
+        yield fail(f"containerd config not changed: no containerd process runs in the {site.label} unit ({site.unit})")
         return
-    previous = host.get_fact(K0sCriLoaded, pid=old)
-    text = found.writes[k0s.DROPIN]
+    previous = _loaded(site, old, 0)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-    backup = f"{containerd.BACKUP_DIR}/{k0s.BACKUP_NAME}-{stamp}.tar"
-    yield _k0s_backup(backup)
+    backup = f"{containerd.BACKUP_DIR}/{k0s.BACKUP_NAME if site.program is None else rancher.BACKUP_NAME}-{stamp}.tar"
+    yield _backup(backup, site.dropins)
     if state.is_executing:
-        logger.info("%s%s", host.print_prefix, k0s.write_line(unit))
-    yield from write_file(k0s.DROPIN, text, mode=found.modes.get(k0s.DROPIN, "644"))
-    ticks = str((max(1, int(timeout)) + 2 * k0s.DEBOUNCE_SECONDS) * 5)
-    yield StringCommand(shell.command(_K0S_WAIT, "gpunode-k0s-wait", unit, str(old), ticks, K0S_SOCKET))
-    written = host.get_fact(K0sContainerd)
+        logger.info("%s%s", host.print_prefix, found.note)
+    yield from write_file(site.path, found.writes[site.path], mode=found.modes.get(site.path, "644"))
+    offset = node["log_size"]
+    yield from _restarted(site, old, offset, timeout)
+    written = _tree(site)
     summary = summarize(written["dump"]["dump"] if written["dump"] and not written["dump"]["error"] else {})
     mode = (runtime or {}).get("mode", "runtime")
-    expected = expected_after_restart(summary, previous, runtime_expected=mode != "nri")
-    problem, new = _k0s_problem(written["processes"], unit, old, expected)
+    expected = expected_after_restart(summary, previous, runtime_expected=mode != "nri" or site.program is not None)
+    problem, new = _site_problem(site, written["processes"], old, expected, offset)
     if problem is None:
-        logger.info("%sk0s restarted its containerd (pid %s) and it is verified", host.print_prefix, new)
+        logger.info("%s%s restarted its containerd (pid %s) and it is verified", host.print_prefix, site.label, new)
         return
-    failed = f"k0s' containerd failed after the write of {k0s.DROPIN}: {problem}"
-    yield containerd._restore(backup, [K0S_DROPINS], [k0s.DROPIN], f"{failed}; restoring {backup} failed")
-    now = _k0s_pid(host.get_fact(K0sContainerd)["processes"], unit)
-    yield StringCommand(shell.command(_K0S_WAIT, "gpunode-k0s-wait", unit, str(now or 0), ticks, K0S_SOCKET))
-    back, _ = _k0s_problem(host.get_fact(K0sContainerd)["processes"], unit, now or 0, previous)
+    failed = f"{site.containerd} failed after the write of {site.path}: {problem}"
+    yield containerd._restore(backup, [site.dropins], [site.path], f"{failed}; restoring {backup} failed")
+    now_node = _tree(site)
+    now, now_offset = _newest(now_node["processes"], site.unit), now_node["log_size"]
+    yield from _restarted(site, now or 0, now_offset, timeout)
+    back, _ = _site_problem(site, _tree(site)["processes"], now or 0, previous, now_offset)
     if back is None:
         yield fail(
-            f"{failed}; {K0S_DROPINS} was put back as the backup taken before the write holds it, "
-            "and k0s' containerd runs it again"
+            f"{failed}; {site.dropins} was put back as the backup taken before the write holds it, "
+            f"and {site.containerd} runs it again"
         )
     else:
         yield fail(f"{failed}; after putting back the backup taken before the write: {back}")
 
 
-def _k0s_backup(path: str) -> StringCommand:
-    """Save ``/etc/k0s/containerd.d`` in the tar ``path`` (mode 0600, in a 0700 directory)."""
+def _tree(site: _Site) -> RancherContainerdInfo:
+    """The platform's containerd files, dump, processes and (k3s and RKE2; else 0) its log's size."""
+    if site.program is None:
+        return {**host.get_fact(K0sContainerd), "log_size": 0}
+    return host.get_fact(RancherContainerd, program=site.program)
+
+
+def _loaded(site: _Site, pid: int, offset: int) -> CriLoaded:
+    """What the CRI plugin of the platform's containerd ``pid`` loaded (on k3s and RKE2: its last start past
+    byte ``offset`` of the agent's containerd log)."""
+    if site.program is None:
+        return host.get_fact(K0sCriLoaded, pid=pid)
+    return host.get_fact(RancherCriLoaded, program=site.program, offset=offset)
+
+
+def _restarted(site: _Site, old: int, offset: int, timeout: int) -> Iterator[StringCommand]:
+    """Restart the platform's containerd where the write does not (k3s and RKE2: their unit, without waiting
+    on systemd), then wait for a new containerd process in its unit to report its CRI plugin."""
+    seconds = max(1, int(timeout)) + (0 if site.program else 2 * k0s.DEBOUNCE_SECONDS)
+    address = K0S_SOCKET if site.program is None else K3S_SOCKET
+    log = [site.log, str(int(offset))] if site.log else []
+    if site.program is not None:
+        yield StringCommand(
+            "systemctl", "reset-failed", QuoteString(site.unit), "2>/dev/null", ";",
+            "systemctl", "restart", "--no-block", QuoteString(site.unit),
+        )  # fmt: skip
+    yield StringCommand(
+        shell.command(
+            _PLATFORM_WAIT, "gpunode-platform-wait", site.unit, str(old), str(seconds * 5), address, site.bin_dir, *log
+        )
+    )
+
+
+def _backup(path: str, directory: str) -> StringCommand:
+    """Save ``directory`` in the tar ``path`` (mode 0600, in a 0700 directory); a missing one is left out."""
     partial = f"{path}.partial"
     return StringCommand(
         "umask", "077", "&&", "install", "-d", "-m", "0700", QuoteString(posixpath.dirname(path)), "&&",
-        "tar", "-C", "/", "--ignore-failed-read", "-cf", QuoteString(partial), QuoteString(K0S_DROPINS.lstrip("/")),
+        "tar", "-C", "/", "--ignore-failed-read", "-cf", QuoteString(partial), QuoteString(directory.lstrip("/")),
         "&&", "mv", "-f", QuoteString(partial), QuoteString(path),
     )  # fmt: skip
 
 
-def _k0s_pid(processes: dict[int, str], unit: str | None) -> int | None:
-    """The containerd process in the k0s unit (the newest where there are several)."""
+def _newest(processes: dict[int, str], unit: str | None) -> int | None:
+    """The containerd process in the platform's unit (the newest where there are several)."""
     pids = [pid for pid, where in processes.items() if unit and where == unit]
     return max(pids) if pids else None
 
 
-def _k0s_problem(
-    processes: dict[int, str], unit: str | None, old: int, expected: CriLoaded
+def _site_problem(
+    site: _Site, processes: dict[int, str], old: int, expected: CriLoaded, offset: int
 ) -> tuple[str | None, int | None]:
-    """Why k0s' containerd is not what ``expected`` says after a change (no process other than ``old``
-    in ``unit``, a CRI plugin without the expected runtimes), or ``None``; and the new process."""
-    new = _k0s_pid({pid: where for pid, where in processes.items() if pid != old}, unit)
+    """Why the platform's containerd is not what ``expected`` says after a change (no process other than
+    ``old`` in its unit, a CRI plugin without the expected runtimes), or ``None``; and the new process."""
+    new = _newest({pid: where for pid, where in processes.items() if pid != old}, site.unit)
     if new is None:
-        return f"k0s did not start a new containerd in {unit} (the previous one was pid {old or 'none'})", None
-    loaded = host.get_fact(K0sCriLoaded, pid=new)
-    return restart_problem("active", "", loaded, expected), new
+        return (
+            f"{site.label} did not start a new containerd in {site.unit} (the previous one was pid {old or 'none'})",
+            None,
+        )
+    return restart_problem("active", "", _loaded(site, new, offset), expected), new

@@ -210,6 +210,11 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
             f"k0s restarts its containerd when {', '.join(found.writes)} is written, so it is not written "
             "with gpunode_containerd_restart: none (use rolling: written in the node's turn)"
         )
+    elif _platform_turn(found) and not rolling and found.platform:
+        unit = (
+            f"{', '.join(found.writes)} takes effect only when {found.platform['unit']} restarts, so it is not "
+            "written with gpunode_containerd_restart: none (use rolling: written in the node's turn, with the restart)"
+        )
     changes = turn_changes(settings["driver"], found.writes, found.restart_reason if rolling else None)
     changes += _resumed_changes(found) if _takes_turns(settings) else []
     hostname, refused = _hook_hostname(host, settings) if _takes_turns(settings) and changes else ("", None)
@@ -227,7 +232,7 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
         hooks = _plan_hooks(settings, hostname) if _takes_turns(settings) and changes else []
         for line in hooks[:1] + settings["driver"] + _resumed_changes(found):
             logger.info("%splan: %s", host.print_prefix, line)
-        if found.writes and found.note and _k0s(found):  # the write is k0s' restart of its containerd
+        if found.writes and found.note and _platform_turn(found):  # the platform's containerd restarts with it
             logger.info("%splan: %s\n%s", host.print_prefix, found.note, found.diff())
         elif found.writes:
             then = "then restart containerd and verify" if rolling else "no restart (gpunode_containerd_restart: none)"
@@ -244,6 +249,13 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
 def _k0s(found: containerd.Registration) -> bool:
     """Whether the node is a k0s node, where writing the drop-in restarts containerd (k0s does)."""
     return bool(found.platform and found.platform["name"] == "k0s")
+
+
+def _platform_turn(found: containerd.Registration) -> bool:
+    """Whether one step writes the platform's drop-in and restarts and verifies its containerd
+    (``platform.runtime_dropin_applied``): on every k0s node, and on a k3s or RKE2 node with a drop-in to
+    write."""
+    return _k0s(found) or bool(found.platform and found.writes)
 
 
 def _resumed_changes(found: containerd.Registration) -> list[str]:
@@ -565,15 +577,18 @@ def _turn(
                 settings["steps"]()
                 did.extend(settings["driver"])  # a reboot among them takes the lock again itself
                 found = containerd.registration(**settings["runtime"])  # the steps changed the node
-            k0s_turn = _k0s(found) and not found.problem  # the write is the restart: one step writes and verifies
-            if k0s_turn:
-                written = platform.k0s_runtime_applied(
-                    name="containerd: k0s drop-in written, k0s' containerd verified",
+            # The write restarts the platform's containerd: one step writes, restarts and verifies.
+            platform_turn = _platform_turn(found) and not found.problem
+            if platform_turn:
+                written = platform.runtime_dropin_applied(
+                    name="containerd: k0s drop-in written, k0s' containerd verified"
+                    if _k0s(found)
+                    else "containerd: agent drop-in written, unit restarted, containerd verified",
                     timeout=settings["timeout"],
                     runtime=settings["runtime"],
                 )
-            # A refused config: no backup; a k0s node: its own, taken by its step.
-            backup = _backup_path() if found.writes and not found.problem and not k0s_turn else None
+            # A refused config: no backup; a platform's drop-in: its own, taken by its step.
+            backup = _backup_path() if found.writes and not found.problem and not platform_turn else None
             backup_cri_problem = found.current_cri_problem
             if backup:
                 containerd.config_backed_up(name="containerd: config backed up", path=backup)
@@ -584,7 +599,7 @@ def _turn(
                     backup=backup,
                     backup_cri_problem=backup_cri_problem,
                 )
-            if not k0s_turn:
+            if not platform_turn:
                 written = containerd.nvidia_runtime(name="containerd: nvidia runtime registered", **settings["runtime"])
             if mark and mark.backup:  # what the cut-off turn saved before it wrote is what a failure restores
                 backup, backup_cri_problem = mark.backup, mark.backup_cri_problem

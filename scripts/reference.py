@@ -38,6 +38,7 @@ SUBJECTS = (
     "containerd",
     "platform",
     "k0s",
+    "rancher",
     "operator",
     "rollout",
     "readiness",

@@ -26,7 +26,14 @@ available here:
 - containerd's output goes to /var/lib/rancher/<program>/agent/containerd/containerd.log, as the agent sends it
   (``pkg/agent/containerd``: ``Containerd.Log``), so its unit's journal has no CRI start line;
 - /usr/bin/nvidia-container-runtime, where planted, is a script that runs runc (the toolkit is not
-  installed: nothing runs containers on these hosts).
+  installed: nothing runs containers on these hosts);
+- a second ``ExecStartPre`` refuses to start containerd while a file in RKE2's config-v3.toml.d sets
+  ``SystemdCgroup = false``: a stand-in for a containerd that does not come up with a drop-in, to see the
+  rollback.
+
+On the RKE2 layout (containerd 2.x, the generated config imports config-v3.toml.d) host data the agent does
+not apply (nvidia as the default runtime, CDI off) goes into gpunode's drop-in there, written in the node's
+turn with a restart of the agent's unit; on the k3s layout (containerd 1.7, version 2) it stays refused.
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ from tests.fleet.plugin import FleetFactory
 REPO = Path(__file__).resolve().parents[2]
 SOCKET = "/run/k3s/containerd/containerd.sock"
 STAND_IN = "/usr/local/lib/rancher-stand-in"
+DROPINS = "/var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.d"
+DROPIN = f"{DROPINS}/90-gpunode-nvidia.toml"
 TOOLKIT = "/usr/bin/nvidia-container-runtime"
 pytestmark = pytest.mark.fleet
 
@@ -94,6 +103,7 @@ Description=Stand-in for the {layout.label} agent: containerd as the agent runs 
 [Service]
 Type=notify
 ExecStartPre={STAND_IN}/generate-config
+ExecStartPre=/bin/sh -c '! grep -qs "SystemdCgroup = false" {DROPINS}/*.toml'
 ExecStart=/usr/bin/containerd -c {layout.config} -a {SOCKET} --state /run/k3s/containerd \\
     --root /var/lib/containerd/{layout.program}
 StandardOutput=append:{layout.log}
@@ -278,7 +288,10 @@ def test_the_agent_adds_nvidia_at_the_unit_restart_in_the_turn(fleet: Fleet, lay
     assert agent_pid(fleet, layout) == restarted
     assert sh(fleet, layout, f"cat {config}") == generated
 
-    # Host data the agent would not apply: refused before anything changes, naming the key and the agent's way.
+    # Host data the agent would not apply: on containerd 1.7 (no safe drop-in) refused before anything changes,
+    # naming the key and the agent's way; RKE2's 2.x layout takes a drop-in (the next test).
+    if layout.program == "rke2":
+        return
     written = node_files(fleet, layout)
     asked = deploy(fleet, layout, "-y", "--data", "gpunode_nvidia_default_runtime=true")
     assert asked.returncode != 0, asked.stdout
@@ -314,3 +327,73 @@ def test_the_agent_adds_nvidia_at_the_unit_restart_in_the_turn(fleet: Fleet, lay
     ), links
     assert f"upgrade {label} (its unit restarts" in report.stdout, report.stdout
     assert agent_pid(fleet, layout) == old_release
+
+
+def test_rke2_on_containerd_2_takes_host_data_by_a_drop_in_in_the_turn(fleet: Fleet, tmp_path: Path) -> None:
+    layout = BY_ID["rke2"]
+    unit = layout.unit
+    first = agent_node(fleet, layout)
+    put(fleet, layout, TOOLKIT, TOOLKIT_STAND_IN, mode="755")
+    sh(fleet, layout, f"systemctl restart {unit}")
+    pid = cri_up(fleet, layout, other_than=first)
+    assert loaded_runtimes(fleet, layout) == ["nvidia", "runc"]
+    before = node_files(fleet, layout)
+    data = ("--data", "gpunode_nvidia_default_runtime=true", "--data", "gpunode_enable_cdi=false")
+
+    plan = deploy(fleet, layout, "--dry", *data)
+    assert plan.returncode == 0, plan.stdout
+    assert f"plan: write {DROPIN} (io.containerd.cri.v1.runtime.containerd.default_runtime_name = 'nvidia', " in (
+        plan.stdout
+    ), plan.stdout
+    assert f"then restart {unit} (the kubelet restarts with it) and verify on its socket" in plan.stdout
+    assert '+default_runtime_name = "nvidia"' in plan.stdout and "+enable_cdi = false" in plan.stdout
+    assert node_files(fleet, layout) == before
+    assert agent_pid(fleet, layout) == pid
+
+    rolled = deploy(fleet, layout, "-y", *data)
+    assert rolled.returncode == 0, rolled.stdout
+    assert "done: containerd written" in rolled.stdout, rolled.stdout
+    assert "RKE2 restarted its containerd (pid" in rolled.stdout, rolled.stdout
+    written = cri_up(fleet, layout, other_than=pid)
+    dropin = sh(fleet, layout, f"cat {DROPIN}")
+    assert "version = 3\n" in dropin and "io.containerd.grpc.v1.cri" not in dropin, dropin
+    line = sh(fleet, layout, f"grep -E 'starting cri plugin' {layout.log} | tail -n 1")
+    loaded = parse_cri_start_log(line.splitlines())
+    assert loaded["default_runtime_name"] == "nvidia" and loaded["enable_cdi"] is False, line
+    assert sorted(loaded["runtimes"]) == ["nvidia", "runc"]
+    assert sh(fleet, layout, "ls /var/lib/pyinfra-gpunode/backup").startswith("rancher-containerd-")
+    report, links = readiness(fleet, layout, tmp_path / "readiness.json")
+    assert report.returncode == 0, report.stdout
+    assert "1 of 1 nodes ready" in report.stdout, report.stdout
+    assert links["containerd_running"] == f"ok: PID {written}: runtimes nvidia, runc", links
+
+    again = deploy(fleet, layout, "-y", *data)
+    assert again.returncode == 0, again.stdout
+    assert f"{DROPIN} sets io.containerd.cri.v1.runtime.containerd.default_runtime_name = 'nvidia'" in again.stdout
+    assert agent_pid(fleet, layout) == written
+    assert sh(fleet, layout, f"cat {DROPIN}") == dropin
+
+    # A drop-in containerd does not come up with (the stand-in refuses SystemdCgroup = false): put back, failed.
+    kept = sh(fleet, layout, f"sha256sum {DROPINS}/*; stat -c '%a %U %G' {DROPINS} {DROPIN}")
+    failed = deploy(
+        fleet,
+        layout,
+        "-y",
+        *data,
+        "--data",
+        "gpunode_nvidia_systemd_cgroup=false",
+        "--data",
+        "gpunode_restart_timeout=8",
+    )
+    assert failed.returncode != 0, failed.stdout
+    assert f"RKE2's containerd failed after the write of {DROPIN}: RKE2 did not start a new containerd" in (
+        failed.stdout
+    ), failed.stdout
+    assert "was put back as the backup taken before the write holds it, and RKE2's containerd runs it again" in (
+        failed.stdout
+    ), failed.stdout
+    assert sh(fleet, layout, f"sha256sum {DROPINS}/*; stat -c '%a %U %G' {DROPINS} {DROPIN}") == kept
+    back = cri_up(fleet, layout, other_than=written)
+    line = sh(fleet, layout, f"grep -E 'starting cri plugin' {layout.log} | tail -n 1")
+    assert parse_cri_start_log(line.splitlines())["default_runtime_name"] == "nvidia", line
+    assert agent_pid(fleet, layout) == back

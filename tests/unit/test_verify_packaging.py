@@ -20,7 +20,7 @@ def test_wheel_ships_the_verification_suite(installed_wheel: InstalledWheel, tmp
         assert f"pyinfra_gpunode/verify/{module}.py" in names
     scripts = (
         "toolkit-keyring", "containerd-restart", "containerd-restore", "node-lock", "node-unlock", "write-file",
-        "platform-restart", "cdi-refresh", "apt-download", "k0s-wait",
+        "platform-restart", "cdi-refresh", "apt-download", "platform-wait",
     )  # fmt: skip
     for script in scripts:
         assert f"pyinfra_gpunode/operations/shell/{script}.sh" in names  # read when the operations load
