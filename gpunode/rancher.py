@@ -176,16 +176,35 @@ def asked_line(table: Mapping[str, Any]) -> str:
 def write_line(info: ContainerdPlatformInfo, table: Mapping[str, Any]) -> str:
     """What the plan says the write does on a k3s or RKE2 node."""
     program = info["name"] or ""
-    return (
-        f"write {dropin_path(program)} ({asked_line(table)}; {NAMES[program]} imports it from its generated "
-        f"config), then restart {info['unit']} (the kubelet restarts with it) and verify on its socket"
-    )
+    if not table:
+        what = f"empty {dropin_path(program)} (host data asks nothing beyond {NAMES[program]}'s own runtime now)"
+    else:
+        what = (
+            f"write {dropin_path(program)} ({asked_line(table)}; {NAMES[program]} imports it from its generated config)"
+        )
+    return f"{what}, then restart {info['unit']} (the kubelet restarts with it) and verify on its socket"
 
 
 def applied_note(info: ContainerdPlatformInfo, table: Mapping[str, Any]) -> str:
     """What the step says where the drop-in already holds what host data asks."""
     program = info["name"] or ""
-    return (
-        f"{NAMES[program]} adds the nvidia runtime itself: found in {rancher_config(program)}; "
-        f"{dropin_path(program)} sets {asked_line(table)}"
-    )
+    sets = f"sets {asked_line(table)}" if table else "sets nothing"
+    found = f"{NAMES[program]} adds the nvidia runtime itself: found in {rancher_config(program)}"
+    return f"{found}; {dropin_path(program)} {sets}"
+
+
+def written_table(text: str | None) -> dict[str, Any]:
+    """What gpunode's drop-in on the node sets (``{}`` where there is none, or it does not parse)."""
+    if not text:
+        return {}
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return {}
+
+
+def dropped_keys(written: Mapping[str, Any], table: Mapping[str, Any], path: str) -> dict[str, str]:
+    """The CRI keys gpunode's drop-in on the node sets (``written``) that the planned one (``table``) no
+    longer does, each with the drop-in's path: host data stopped asking for them, so the merged config may
+    change there (back to what the agent's own config says)."""
+    return {key: path for key in intended(written) if key not in intended(table)}

@@ -169,9 +169,9 @@ def _registration(
         refused = rancher_refusal(node["platform"], requests)
         if refused:
             return Registration(refused)
-        if not rancher_unapplied(node["platform"], requests):
-            return _rancher_registration(node["platform"])
-        return _rancher_dropin_registration(node["platform"], requests, handler)
+        if rancher_unapplied(node["platform"], requests) or _rancher_dropin_written(node["platform"]):
+            return _rancher_dropin_registration(node["platform"], requests, handler)
+        return _rancher_registration(node["platform"])
     if (node.get("platform") or {}).get("name") == "k0s":
         k0s_options = Options(
             binary=binary,
@@ -420,6 +420,15 @@ def rancher_refusal(info: ContainerdPlatformInfo | None, requests: Mapping[str, 
     return unapplied if layout else None
 
 
+def _rancher_dropin_written(info: ContainerdPlatformInfo) -> bool:
+    """Whether an earlier run left gpunode's drop-in in the agent's ``config-v3.toml.d`` (with keys host data
+    may no longer ask for: it is then emptied, in the node's turn, as any change of it)."""
+    if rancher_nvidia(info) != "present":
+        return False
+    program = info["name"] or ""
+    return rancher.dropin_path(program) in host.get_fact(RancherContainerd, program=program)["texts"]
+
+
 def _rancher_dropin_registration(
     info: ContainerdPlatformInfo, requests: dict[str, object], handler: str
 ) -> Registration:
@@ -454,7 +463,10 @@ def _rancher_dropin_registration(
         current_cri_problem=current_cri_problem,
         note=rancher.write_line(info, table),
     )
-    judged = Plan(config_path=config, dropin_path=path, dropin_text=text, intended=rancher.intended(table))
+    dropped = rancher.dropped_keys(rancher.written_table(texts.get(path)), table, path)
+    judged = Plan(
+        config_path=config, dropin_path=path, dropin_text=text, intended=rancher.intended(table), dropped=dropped
+    )
     assert info["toolkit"] is not None  # rancher_nvidia says present
     found.problem = _candidate_problem(before, after, candidate_tree, judged, info["toolkit"], handler, False)
     unshown = rancher.unshown(after["dump"], table, path) if after and not found.problem else []

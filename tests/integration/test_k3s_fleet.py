@@ -397,3 +397,17 @@ def test_rke2_on_containerd_2_takes_host_data_by_a_drop_in_in_the_turn(fleet: Fl
     line = sh(fleet, layout, f"grep -E 'starting cri plugin' {layout.log} | tail -n 1")
     assert parse_cri_start_log(line.splitlines())["default_runtime_name"] == "nvidia", line
     assert agent_pid(fleet, layout) == back
+
+    # Host data that stops asking: the drop-in is emptied in the turn, and the agent's own config stands again.
+    emptied = deploy(fleet, layout, "-y")
+    assert emptied.returncode == 0, emptied.stdout
+    assert f"empty {DROPIN} (host data asks nothing beyond RKE2's own runtime now)" in emptied.stdout, emptied.stdout
+    plain = cri_up(fleet, layout, other_than=back)
+    line = sh(fleet, layout, f"grep -E 'starting cri plugin' {layout.log} | tail -n 1")
+    loaded = parse_cri_start_log(line.splitlines())
+    assert loaded["default_runtime_name"] == "runc" and loaded["enable_cdi"] is not False, line
+    assert "default_runtime_name" not in sh(fleet, layout, f"cat {DROPIN}")
+    settled = deploy(fleet, layout, "-y")
+    assert settled.returncode == 0, settled.stdout
+    assert f"{DROPIN} sets nothing" in settled.stdout, settled.stdout
+    assert agent_pid(fleet, layout) == plain

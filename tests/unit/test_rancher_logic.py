@@ -113,3 +113,21 @@ def test_the_merged_config_must_show_each_key_of_the_drop_in() -> None:
     assert rancher.unshown(shown, table, "X") == [
         "io.containerd.cri.v1.runtime.containerd.default_runtime_name = 'nvidia' from X (the merged config has 'runc')"
     ]
+
+
+def test_keys_host_data_no_longer_asks_for_are_dropped_and_the_drop_in_emptied() -> None:
+    path = "/var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.d/90-gpunode-nvidia.toml"
+    written = {"version": 3, "plugins": {RUNTIME: {"containerd": {"default_runtime_name": "nvidia"},
+                                                          "enable_cdi": False}}}  # fmt: skip
+    still = {"version": 3, "plugins": {RUNTIME: {"enable_cdi": False}}}
+    assert rancher.dropped_keys(written, still, path) == {"containerd.default_runtime_name": path}
+    assert rancher.dropped_keys(written, {}, path) == {
+        "containerd.default_runtime_name": path, "enable_cdi": path,
+    }  # fmt: skip
+    assert rancher.dropped_keys({}, still, path) == {}
+    assert rancher.written_table("not toml [") == {} and rancher.written_table(None) == {}
+    assert rancher.written_table(rancher.render(written, rke2())) == written
+    assert rancher.write_line(rke2(), {}).startswith(
+        f"empty {path} (host data asks nothing beyond RKE2's own runtime now), then restart rke2-agent.service"
+    )
+    assert rancher.applied_note(rke2(), {}).endswith(f"{path} sets nothing")
