@@ -24,14 +24,17 @@ fi
 shards=(session modules fast)
 logs=$(mktemp -d /tmp/gpunode-tests.XXXXXX)
 pids=()
+# Job control: each shard in a process group of its own, so that an interrupt reaches the shards once, from
+# the trap below; a shard takes SIGINT although started as a background job (tests/conftest.py) and
+# tears its fleets and mounts down.
+set -m
 for shard in "${shards[@]}"; do
     .venv/bin/pytest --shard "$shard" -p no:cacheprovider --basetemp "$logs/$shard" --durations=10 \
         >"$logs/$shard.log" 2>&1 &
     pids+=("$!")
     echo "shard $shard: pytest $! (log $logs/$shard.log)"
 done
-# Background jobs of a script start with SIGINT ignored: stop the shards when this script is stopped.
-trap 'kill -TERM "${pids[@]}" 2>/dev/null; exit 130' INT TERM
+trap 'kill -INT "${pids[@]}" 2>/dev/null' INT TERM
 failed=()
 for i in "${!shards[@]}"; do
     wait "${pids[$i]}" || failed+=("${shards[$i]}")

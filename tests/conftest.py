@@ -5,6 +5,7 @@ where a plain install has no test extras: the pyinfra-testing patch applies only
 """
 
 import importlib.util
+import signal
 
 import pytest
 
@@ -34,6 +35,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run one shard of the suite: session (tests of the shared fleets), modules (tests of the fleets "
         "a module boots for itself) or fast (every test that boots no host)",
     )  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A shard is a background job of ``scripts/test.sh``, started with SIGINT ignored: it takes SIGINT again
+    (so that an interrupt, which the script passes on, ends it with its fleets and mounts torn down)."""
+    if config.getoption("--shard") and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def shard_of(item: pytest.Item) -> str:
