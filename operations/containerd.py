@@ -240,9 +240,11 @@ def _registration(
             base=files["modes"].get(OUR_DROPIN, "644"),
         ),
     }
+    # The drop-in first: config.toml imports it by name, and containerd (1.6 to 2.x) does not start on a
+    # config that names a missing file, so a run cut off between the two writes leaves one that still starts.
     writes = {
         path: text
-        for path, text in ((result.config_path, result.config_text), (OUR_DROPIN, result.dropin_text))
+        for path, text in ((OUR_DROPIN, result.dropin_text), (result.config_path, result.config_text))
         if not same_meaning(path, files["texts"].get(path), text)
         or files["modes"].get(path, modes[path]) != modes[path]
     }

@@ -175,7 +175,8 @@ def test_dry_run_changes_nothing_and_prints_the_plan(fleet: Fleet) -> None:
     assert result.returncode == 0, result.stdout
     assert {node: (main_pid(fleet, node), digest(fleet, node, "/etc")) for node in NODES} == before
     for node in ("node1", "node2"):
-        assert f"[{node}] plan: write /etc/containerd/config.toml, {OUR_DROPIN}" in result.stdout
+        # The drop-in first: config.toml names it, and containerd does not start on a missing import.
+        assert f"[{node}] plan: write {OUR_DROPIN}, /etc/containerd/config.toml" in result.stdout
     assert f"+++ {OUR_DROPIN} (planned)" in result.stdout
     assert re.search(r"\[node3\] plan: containerd config not changed: .*50-broken\.toml", result.stdout)
 

@@ -75,7 +75,7 @@ def test_preinstalled_driver_without_host_data_goes_from_plan_to_prepared_node(
     dry = deploy(fleet, "--dry")
     assert dry.returncode == 0, dry.stdout
     assert f"[node1] plan: driver {DRIVER} (proprietary) preinstalled" in dry.stdout
-    assert "[node1] plan: write /etc/containerd/config.toml" in dry.stdout
+    assert "[node1] plan: write /etc/containerd/gpunode/nvidia-runtime.toml, /etc/containerd/config.toml" in dry.stdout
     assert on(fleet, "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum") == etc
 
     run = deploy(fleet, "-y")
