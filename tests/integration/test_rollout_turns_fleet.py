@@ -118,7 +118,9 @@ def test_hooks_wrap_each_turn_in_rollout_order_and_never_run_in_a_dry_run(
         env = call["env"]
         assert env["GPUNODE_NODE"] == call["argv"][1] and env["GPUNODE_HOOK"] == call["argv"][0]
         assert env["GPUNODE_HOSTNAME"] == call["argv"][2] and env["GPUNODE_DRIVER_CHANGE"] == "0"
-        assert env["GPUNODE_CHANGES"].startswith("containerd: write /etc/containerd/config.toml"), env
+        assert env["GPUNODE_CHANGES"].startswith(
+            "containerd: write /etc/containerd/gpunode/nvidia-runtime.toml, /etc/containerd/config.toml"
+        ), env
     # before(n) < restart(n) < after(n) < before(n+1), the restart from the unit's own timestamps
     for index, node in enumerate(NODES):
         first, last = made[2 * index], made[2 * index + 1]
