@@ -49,7 +49,7 @@ from pyinfra_gpunode.facts.containerd import (
 )
 from pyinfra_gpunode.facts.k0s import K0sCandidateDump, K0sContainerd
 from pyinfra_gpunode.facts.k0s import candidate_input as k0s_candidate_input
-from pyinfra_gpunode.facts.rancher import RancherCandidateDump, RancherContainerd
+from pyinfra_gpunode.facts.rancher import RancherCandidateDump, RancherContainerd, RancherContainerdInfo
 from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
@@ -166,11 +166,13 @@ def _registration(
             binary=binary, handler=handler, systemd_cgroup=systemd_cgroup, default_runtime=default_runtime,
             enable_cdi=enable_cdi, cdi_spec_dirs=cdi_spec_dirs, mode=mode, enable_nri=enable_nri,
         )  # fmt: skip
-        refused = rancher_refusal(node["platform"], requests)
+        tree = _rancher_tree(node["platform"])  # read once: refusal, our drop-in, the plan all use it
+        refused = rancher_refusal(node["platform"], requests, tree)
         if refused:
             return Registration(refused)
-        if rancher_unapplied(node["platform"], requests) or _rancher_dropin_written(node["platform"]):
-            return _rancher_dropin_registration(node["platform"], requests, handler)
+        written = tree is not None and rancher.dropin_path(node["platform"]["name"] or "") in tree["texts"]
+        if tree is not None and (rancher_unapplied(node["platform"], requests) or written):
+            return _rancher_dropin_registration(node["platform"], requests, handler, tree)
         return _rancher_registration(node["platform"])
     if (node.get("platform") or {}).get("name") == "k0s":
         k0s_options = Options(
@@ -408,31 +410,33 @@ def _candidate_problem(
     return "containerd config not changed: " + handler_missing if handler_missing else None
 
 
-def rancher_refusal(info: ContainerdPlatformInfo | None, requests: Mapping[str, object]) -> str | None:
+def rancher_refusal(
+    info: ContainerdPlatformInfo | None, requests: Mapping[str, object], tree: RancherContainerdInfo | None = None
+) -> str | None:
     """Why a k3s or RKE2 node whose agent adds the nvidia runtime itself is refused for host data it asks
     beyond that (``platform.rancher_unapplied``), or ``None``: also where a drop-in in the agent's
     ``config-v3.toml.d`` applies it all (the agent's containerd 2.x, its generated config version 3
-    importing that directory, nvidia already in it, no binary other than the one the agent finds)."""
+    importing that directory, nvidia already in it, no binary other than the one the agent finds).
+    ``tree``: the ``RancherContainerd`` read the caller has (read here where it has none)."""
     unapplied = rancher_unapplied(info, requests)
     if not unapplied or not info or rancher_nvidia(info) != "present" or not rancher.appliable(requests, info):
         return unapplied
     program = info["name"] or ""
-    node = host.get_fact(RancherContainerd, program=program)
+    node = tree or host.get_fact(RancherContainerd, program=program)
     layout = rancher.layout_problem(node["version"], node["texts"].get(rancher_config(program)), program)
     return unapplied if layout else None
 
 
-def _rancher_dropin_written(info: ContainerdPlatformInfo) -> bool:
-    """Whether an earlier run left gpunode's drop-in in the agent's ``config-v3.toml.d`` (with keys host data
-    may no longer ask for: it is then emptied, in the node's turn, as any change of it)."""
-    if rancher_nvidia(info) != "present":
-        return False
-    program = info["name"] or ""
-    return rancher.dropin_path(program) in host.get_fact(RancherContainerd, program=program)["texts"]
+def _rancher_tree(info: ContainerdPlatformInfo | None) -> RancherContainerdInfo | None:
+    """The agent's containerd files, dump and processes, where it adds the nvidia runtime itself (only then
+    can a drop-in of ours apply, or one an earlier run left be planned again); else ``None``."""
+    if not info or rancher_nvidia(info) != "present":
+        return None
+    return host.get_fact(RancherContainerd, program=info["name"] or "")
 
 
 def _rancher_dropin_registration(
-    info: ContainerdPlatformInfo, requests: dict[str, object], handler: str
+    info: ContainerdPlatformInfo, requests: dict[str, object], handler: str, node: RancherContainerdInfo
 ) -> Registration:
     """A k3s or RKE2 node whose agent adds the nvidia runtime itself and host data asks for more
     (``requests``), where a drop-in applies it (``rancher_refusal``): our drop-in in the agent's
@@ -440,12 +444,13 @@ def _rancher_dropin_registration(
     the generated config and the directory, never written here (it takes a restart of the agent's unit:
     ``platform.runtime_dropin_applied`` writes it in the node's turn)."""
     program = info["name"] or ""
-    node = host.get_fact(RancherContainerd, program=program)
     config, path = rancher_config(program), rancher.dropin_path(program)
     texts, before = node["texts"], node["dump"]
     if before is None or before["error"]:
         error = before["error"] if before else "no dump"
         return Registration(f"containerd config not changed: {program}'s containerd does not load {config}: {error}")
+    if config not in texts:  # unreadable, or over the read's size bound
+        return Registration(f"containerd config not changed: {config} could not be read", platform=info)
     table = rancher.dropin_table(requests, info, texts[config])
     text = rancher.render(table, info)
     current_cri_problem = cri_start_problem(before, config, texts, rancher.etc_dir(program))
