@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyinfra_gpunode.log import CONTROL, without_controls
 from pyinfra_gpunode.settings import (
     GROUPS,
     RUN_WIDE_KEYS,
@@ -28,7 +29,6 @@ from pyinfra_gpunode.settings import (
 PREFIX = "gpunode_"
 MAX_RESTART_TIMEOUT = 3600
 REBOOT_TIMEOUTS = (60, 7200)  # seconds a rebooted node may take to answer again, least and most
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class HostDataError(ValueError):
@@ -409,7 +409,7 @@ def validate(data: Mapping[str, Any]) -> dict[str, Any]:
     for name, key in KEYS.items():
         value = _from_command_line(key, data.get(name, key.default))
         texts = value if isinstance(value, list) else [value]
-        if any(isinstance(text, str) and _CONTROL.search(text) for text in texts):
+        if any(isinstance(text, str) and CONTROL.search(text) for text in texts):
             raise HostDataError(
                 f"host-data key {name!r} must not contain newlines or control characters, got {_visible(value)}"
             )
@@ -477,7 +477,7 @@ def _visible(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_visible(item) for item in value) + "]"
     if isinstance(value, str):
-        return "'" + _CONTROL.sub(lambda match: f"<U+{ord(match.group()):04X}>", value) + "'"
+        return "'" + without_controls(value) + "'"
     return repr(value)
 
 

@@ -16,6 +16,15 @@ def printable(text: str) -> str:
     return _UNPRINTABLE.sub(lambda match: f"<U+{ord(match.group()):04X}>", text)
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1
+
+
+def without_controls(text: str) -> str:
+    """``text`` with each control character (C0, DEL, C1: a newline, a terminal's escape) shown as ``<U+000A>``;
+    other characters as they are."""
+    return CONTROL.sub(lambda match: f"<U+{ord(match.group()):04X}>", text)
+
+
 def shown(value: str, limit: int = SHOWN_MAX) -> str:
     """A value read from a node as a message may show it: quoted and ``printable``, cut after ``limit``
     characters (then ``…`` and its full length)."""

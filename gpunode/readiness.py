@@ -18,6 +18,7 @@ from pyinfra_gpunode.cdi_checks import missing_devices, priority_dirs, untrue_sp
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, RUNC_V2, RUNTIME
 from pyinfra_gpunode.containerd_dump import CTR, nri_state
 from pyinfra_gpunode.driver_versions import same_driver, upstream_version
+from pyinfra_gpunode.log import without_controls
 from pyinfra_gpunode.operator import (
     DRIVER_ROOT,
     OPERATOR,
@@ -880,14 +881,18 @@ def assess(
 
 
 def node_text(report: NodeReadiness) -> str:
-    """The node's chain as text: a headline, one line per link, then the first broken link's cause and fix."""
+    """The node's chain as text: a headline, one line per link, then the first broken link's cause and fix
+    (values read from the node, such as runtime names and paths, with their control characters shown)."""
     first = report.first_broken
     headline = "ready" if first is None else f"NOT READY at {first.id}"
     width = max(len(link.id) for link in report.links)
     lines = [f"{report.node}: {headline}"]
-    lines += [f"  {link.state:<7} {link.id:<{width}}  {link.detail}" for link in report.links]
+    lines += [f"  {link.state:<7} {link.id:<{width}}  {without_controls(link.detail)}" for link in report.links]
     if first is not None:
-        lines += [f"  cause: {first.cause or first.detail}", f"  fix:   {first.fix or 'see the cause'}"]
+        lines += [
+            f"  cause: {without_controls(first.cause or first.detail)}",
+            f"  fix:   {without_controls(first.fix or 'see the cause')}",
+        ]
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ from pyinfra.api import State, operation
 from pyinfra_gpunode.facts.cdi import SPEC_DIRS
 from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.facts.readiness import NodeReadiness, NodeReadinessInfo
-from pyinfra_gpunode.log import logger
+from pyinfra_gpunode.log import logger, without_controls
 from pyinfra_gpunode.operations._atomic import fail
 from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.operations._run_state import run_state
@@ -75,7 +75,7 @@ def reported(
     if first is None or not fail_not_ready:
         host.noop(f"node is {'ready' if first is None else 'not ready at ' + first.id}")
     elif state.is_executing:
-        yield fail(f"node not ready at {first.id}: {first.cause or first.detail}")
+        yield fail(f"node not ready at {first.id}: {without_controls(first.cause or first.detail)}")
 
 
 def _readiness_facts(binary: str, cdi_spec_dirs: list[str] | None) -> NodeReadinessInfo:

@@ -531,3 +531,15 @@ def test_cgroup_drivers_compared_only_between_runc_runtimes_and_unset_is_false()
     runtimes["runc"]["runtime_type"] = "io.containerd.runc.v2"
     runtimes["nvidia"]["SystemdCgroup"] = True
     assert _handler_link(facts).state == OK
+
+
+def test_values_read_from_the_node_reach_the_report_text_without_control_characters() -> None:
+    # A runtime name is a TOML key any file on the node may set: a newline or a terminal escape in it must
+    # not forge report lines or act on the operator's terminal.
+    facts = healthy()
+    runtimes = facts["containerd"]["dump"]["summary"]["runtimes"]
+    runtimes["runc\x1b[2J\nok      forged"] = runtimes.pop("runc")
+    facts["containerd"]["dump"]["summary"]["default_runtime_name"] = "runc\x1b[2J\nok      forged"
+    text = node_text(assess("gpu1", facts, BINARY, SPEC))
+    assert "\x1b" not in text and "\nok      forged" not in text
+    assert "runc<U+001B>[2J<U+000A>ok      forged" in text
