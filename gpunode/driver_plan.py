@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .driver_versions import branch_of, is_branch, is_driver_version, upstream_version, version_key
+from .driver_versions import branch_of, is_branch, is_driver_version, same_driver, upstream_version, version_key
 from .settings import DRIVER_FLAVOR
 
 # Ubuntu (Canonical's restricted archive): branches with real packages, and branches whose
@@ -354,3 +354,106 @@ def plan_driver(
             return DriverPlan(error=f"the package index offers no {name} at driver version {version}")
         packages[name] = found
     return DriverPlan(version, "dkms", packages)
+
+
+def host_info(node: Mapping[str, Any]) -> HostInfo:
+    """The host as the plan needs it, from ``NvidiaHostState``'s value."""
+    return HostInfo(
+        distro=node["distro"] or "",
+        release=node["release"] or "",
+        kernel=node["kernel"] or "",
+        arch=node["arch"] or "amd64",
+        secure_boot=node["secure_boot"],
+    )
+
+
+@dataclass(frozen=True)
+class DriverDecision:
+    """What the driver step does on one node, decided from its ``NvidiaHostState`` (see :func:`decide_driver`)."""
+
+    source: str  # "packages" or "preinstalled"; "" where the node cannot proceed (``error`` says why)
+    loaded: Mapping[str, Any]  # the node's driver as ``NvidiaDriver`` reads it
+    error: str = ""  # why the step fails the node
+    description: str = ""  # the preinstalled driver the node keeps (``plan`` None)
+    plan: DriverPlan | None = None  # the packages, where they are installed and held
+    to_install: Mapping[str, str] = field(default_factory=dict)  # name -> exact version ("": any)
+    to_hold: tuple[str, ...] = ()
+    index: tuple[str, ...] = ()  # read these names' versions from the package index, then decide again
+
+    @property
+    def keeps_own_driver(self) -> bool:
+        """The node keeps the driver it has (no packages planned, no failure)."""
+        return not self.error and self.plan is None and self.source == "preinstalled"
+
+    @property
+    def needs_reboot(self) -> bool:
+        """The planned driver is not the loaded module (packages), or the userspace is newer than it (own driver)."""
+        if self.plan is not None:
+            return not same_driver(self.loaded["kernel_module_version"], self.plan.version)
+        return bool(self.loaded["mismatch"])
+
+    def changes(self, reboot: bool) -> list[str]:
+        """The disruptive changes the step makes: ``driver: install …`` and (with ``reboot``) ``driver: reboot
+        …``; ``[]`` where it only holds packages, changes nothing or fails the node."""
+        loaded = self.loaded["kernel_module_version"]
+        if self.error or self.index:
+            return []
+        if self.plan is None:
+            if reboot and self.needs_reboot:
+                return [f"driver: reboot ({loaded} loaded, {self.loaded['userspace_version']} installed)"]
+            return []
+        pins = " ".join(f"{name}={version}" if version else name for name, version in sorted(self.to_install.items()))
+        changes = [f"driver: install {pins}"] if self.to_install else []
+        if reboot and self.needs_reboot:
+            changes.append(f"driver: reboot ({loaded or 'no module'} loaded, {self.plan.version} installed)")
+        return changes
+
+
+def decide_driver(
+    node: Mapping[str, Any],
+    source: str,
+    request: DriverRequest,
+    replace_preinstalled: bool = False,
+    downloaded: Mapping[str, str] | None = None,
+    available: Mapping[str, Sequence[str]] | None = None,
+) -> DriverDecision:
+    """The driver step's decision on a node (``node``: ``NvidiaHostState``'s value; ``request`` checked by
+    :func:`check_request`): where the driver comes from, why the node fails, the preinstalled driver it keeps,
+    or the packages to install and hold.
+
+    ``downloaded``: the packages fetched into apt's cache before the node's turn; the plan is then made from
+    these and the installed ones only. ``available``: the package index's versions of the names a previous
+    decision listed in ``index``; without it a plan that needs them is returned undecided, naming them.
+    """
+    loaded = node["driver"]
+    chosen, error = resolve_source(source, request, loaded["kernel_module_version"])
+    description = ""
+    if chosen == "preinstalled":
+        description, error = preinstalled_driver(loaded, request.version)
+    elif chosen == "packages" and not replace_preinstalled:
+        error = foreign_driver(loaded)
+    if error or chosen != "packages":
+        return DriverDecision(chosen, loaded, f"NVIDIA driver: {error}" if error else "", description)
+    info = host_info(node)
+    installed = {name: str(package["version"]) for name, package in node["packages"].items()}
+    plan = plan_driver(info, request, installed, None)
+    if plan.error == "query" and downloaded is not None:
+        cached = {name: [version] for name, version in {**installed, **downloaded}.items() if version}
+        plan = plan_driver(info, request, installed, cached)
+        if plan.error:
+            plan.error += " (in the turn: among the packages downloaded before it and the installed ones)"
+    elif plan.error == "query" and available is None:
+        return DriverDecision(chosen, loaded, index=tuple(wanted_names(info, request)))
+    elif plan.error == "query":
+        plan = plan_driver(info, request, installed, available)
+    if plan.error:
+        return DriverDecision(chosen, loaded, f"NVIDIA driver {request.version or request.branch}: {plan.error}")
+    held = {name for name, package in node["packages"].items() if package["held"]}
+    to_install = {
+        name: version
+        for name, version in plan.packages.items()
+        if name not in installed or (version and installed[name] != version)
+    }
+    return DriverDecision(
+        chosen, loaded, plan=plan, to_install=to_install, to_hold=tuple(name for name in plan.hold if name not in held)
+    )

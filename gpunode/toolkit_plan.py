@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 TOOLKIT_SOURCES = ("auto", "repository", "deb_dir", "installed")
 _VERSION = re.compile(r"^\d+\.\d+\.\d+(?:-\d+)?\Z")
@@ -85,6 +87,38 @@ def newest_common_version(available: Mapping[str, Sequence[str]], names: Sequenc
         if all(candidate in available.get(name, ()) for name in names[1:]):
             return candidate
     return None
+
+
+@dataclass(frozen=True)
+class ToolkitDecision:
+    """What the toolkit step does on one node (see :func:`decide_toolkit`)."""
+
+    source: str  # what the source stands for here: ``repository``, ``deb_dir`` or ``installed`` (only checked)
+    install: str | None  # the version installed (``""``: the newest the repository offers, read then); None: none
+    held: bool  # every package of the toolkit is held
+    keyring_wrong: bool  # the repository keyring holds another key than the pinned one: rewritten first
+    installed: str | None  # the version of the toolkit's main package on the node, if any
+
+
+def decide_toolkit(
+    toolkit: Mapping[str, Any], source: str, version: str | None, names: Sequence[str], fingerprint: str
+) -> ToolkitDecision:
+    """The toolkit step's decision on a node (``toolkit``: ``NvidiaContainerToolkit``'s value; ``version`` as
+    ``check_toolkit`` returns it; ``names``: the toolkit's packages, main package first; ``fingerprint``: the
+    pinned repository key's)."""
+    packages = toolkit["packages"]
+    complete = all(name in packages for name in names)
+    found_outside = bool(toolkit.get("ctk_path") and toolkit["runtime_binary"])
+    chosen = toolkit_source(source, version, packages if complete else {}, found_outside)
+    return ToolkitDecision(
+        source=chosen,
+        install=toolkit_install(source, version, packages, found_outside, names),
+        held=all(name in toolkit["held"] for name in names),
+        keyring_wrong=keyring_needs_pin(
+            chosen, toolkit["repo_list"] is not None, toolkit["keyring_fingerprints"], fingerprint
+        ),
+        installed=packages.get(names[0]),
+    )
 
 
 CDI_OWNERS = ("auto", "project", "refresh")

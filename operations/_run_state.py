@@ -7,7 +7,7 @@ Each module reads and writes its own fields; per node they are keyed by host nam
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,6 +31,8 @@ class RunState:
     snapshot_binaries: dict[str, str] = field(default_factory=dict)
     unchanging_operations: set[str] = field(default_factory=set)
     reads_set_aside: dict[str, int] = field(default_factory=dict)
+    # Each node's newest decision per step (``decided_once``): the read it was made from, its key, the decision.
+    decisions: dict[tuple[str, str], tuple[object, Hashable, object]] = field(default_factory=dict)
 
     # _lock.py: who this run is, as the node lock names its holder (None until it first takes one); the nodes
     # whose lock it holds, and when (monotonic seconds) it took or renewed each; the nodes whose changes take

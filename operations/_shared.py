@@ -22,6 +22,7 @@ command ran.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -140,6 +141,22 @@ def node_fact(fact: type[FactBase[T]], **kwargs: Any) -> T:
         return cast(T, found)
     reads.append(_Read(fact, wanted, state.is_executing, changes, host.get_fact(fact, **kwargs)))
     return cast(T, reads[-1].value)
+
+
+def decided_once(step: str, read: object, key: Hashable, decide: Callable[[], T]) -> T:
+    """``decide()``, made once per node per read: the step's earlier decision on this node while ``read`` (the
+    value ``node_fact`` returned, which the decision is made from) is the same read and ``key`` (the step's
+    arguments) the same; else decided again. Outside a run, always decided."""
+    if not in_a_run():
+        return decide()
+    decisions = run_state(current_state()).decisions
+    slot = (current_host().name, step)
+    earlier = decisions.get(slot)
+    if earlier is not None and earlier[0] is read and earlier[1] == key:
+        return cast(T, earlier[2])
+    found = decide()
+    decisions[slot] = (read, key, found)
+    return found
 
 
 def _current_value(fact: Fact, wanted: dict[str, Any], reads: list[_Read], changes: int) -> Any:

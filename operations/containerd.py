@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 import posixpath
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ from pyinfra_gpunode.facts.rancher import RancherCandidateDump, RancherContainer
 from pyinfra_gpunode.log import logger, printable
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
-from pyinfra_gpunode.operations._shared import DEFAULT_BINARY, facts_unchanged, node_fact
+from pyinfra_gpunode.operations._shared import DEFAULT_BINARY, decided_once, facts_unchanged, node_fact
 from pyinfra_gpunode.operator import handler_problem
 from pyinfra_gpunode.platform import (
     K0S_CONFIG,
@@ -129,13 +130,29 @@ class Registration:
 
 def registration(**arguments: Any) -> Registration:
     """Read the node's containerd facts and judge the planned files (``nvidia_runtime``'s arguments), with
-    the mark of a rollout turn an earlier run left unfinished on the node."""
-    found = _registration(**arguments)
-    binary = arguments.get("binary", DEFAULT_BINARY)
-    found.turn_mark, found.turn_mark_problem = parse_turn_mark(
-        node_fact(ContainerdNodeState, binary=binary).get("turn", [])
-    )
-    return found
+    the mark of a rollout turn an earlier run left unfinished on the node: once per node read (the candidate
+    config is staged and judged once), whether the plan, the rollout or the step asks."""
+    bound = inspect.signature(_registration).bind(**arguments)
+    bound.apply_defaults()
+    _check_arguments(**bound.arguments)
+    node = node_fact(ContainerdNodeState, binary=bound.arguments["binary"])
+
+    def judged() -> Registration:
+        found = _registration(**bound.arguments)
+        found.turn_mark, found.turn_mark_problem = parse_turn_mark(node.get("turn", []))
+        return found
+
+    return decided_once("registration", node, repr(sorted(bound.arguments.items())), judged)
+
+
+def _check_arguments(mode: str, binary: str, dropin_dir: str, cdi_spec_dirs: list[str] | None, **_: Any) -> None:
+    """Refuse arguments no node could take, naming the argument, before anything is read."""
+    if mode not in MODES:
+        raise OperationValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    _check_absolute("binary", binary)
+    _check_absolute("dropin_dir", dropin_dir)
+    for spec_dir in cdi_spec_dirs or []:
+        _check_absolute("cdi_spec_dirs entry", spec_dir)
 
 
 def _registration(
@@ -150,13 +167,6 @@ def _registration(
     mode: str = CONTAINERD_MODE,
     enable_nri: bool | None = None,
 ) -> Registration:
-    if mode not in MODES:
-        raise OperationValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    _check_absolute("binary", binary)
-    _check_absolute("dropin_dir", dropin_dir)
-    for spec_dir in cdi_spec_dirs or []:
-        _check_absolute("cdi_spec_dirs entry", spec_dir)
-
     node = node_fact(ContainerdNodeState, binary=binary)
     owned = platform_refusal(node.get("platform"))  # k3s, RKE2, k0s, EKS nodeadm: their config, not ours
     if owned:
@@ -584,17 +594,17 @@ def nvidia_runtime(
             binary="/usr/bin/nvidia-container-runtime",
         )
     """
-    found = _registration(
-        binary,
-        systemd_cgroup,
-        default_runtime,
-        cdi_spec_dirs,
-        dropin_dir,
-        binary_required,
-        enable_cdi,
-        handler,
-        mode,
-        enable_nri,
+    found = registration(
+        binary=binary,
+        systemd_cgroup=systemd_cgroup,
+        default_runtime=default_runtime,
+        cdi_spec_dirs=cdi_spec_dirs,
+        dropin_dir=dropin_dir,
+        binary_required=binary_required,
+        enable_cdi=enable_cdi,
+        handler=handler,
+        mode=mode,
+        enable_nri=enable_nri,
     )
     if not found.installed and not state.is_executing:
         host.noop("containerd is not installed yet; the runtime is registered once it is")

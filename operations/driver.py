@@ -12,19 +12,15 @@ from pyinfra.facts.server import Command
 
 from pyinfra_gpunode.driver_plan import (
     DRIVER_SOURCES,
-    DriverPlan,
+    DriverDecision,
     DriverRequest,
     DriverRequestError,
-    HostInfo,
     check_request,
-    foreign_driver,
-    plan_driver,
-    preinstalled_driver,
-    resolve_source,
-    wanted_names,
+    decide_driver,
+    host_info,
 )
 from pyinfra_gpunode.driver_versions import same_driver
-from pyinfra_gpunode.facts.driver import DriverInfo, NvidiaDriver, NvidiaHostState, NvidiaHostStateInfo
+from pyinfra_gpunode.facts.driver import DriverInfo, NvidiaDriver, NvidiaHostState
 from pyinfra_gpunode.facts.operator import GpuOperatorState
 from pyinfra_gpunode.facts.package_index import NvidiaAptVersions
 from pyinfra_gpunode.hostdata import REBOOT_TIMEOUTS
@@ -33,9 +29,9 @@ from pyinfra_gpunode.operations import _lock, _packages
 from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.operations._lock import locked_before_changes
-from pyinfra_gpunode.operations._shared import node_fact
+from pyinfra_gpunode.operations._shared import decided_once, node_fact
 from pyinfra_gpunode.operator import DRIVER_ROOT, driver_from_container
-from pyinfra_gpunode.settings import DRIVER_FLAVOR, DRIVER_SOURCE, REBOOT_TIMEOUT
+from pyinfra_gpunode.settings import DRIVER_FLAVOR, DRIVER_SOURCE, REBOOT_TIMEOUT, DriverSettings
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 MODULE_WAIT = 60  # seconds a rebooted node's udev may take to load the nvidia module
@@ -43,16 +39,6 @@ MODULE_WAIT = 60  # seconds a rebooted node's udev may take to load the nvidia m
 MODULE_LOADED_WAIT = (
     f"i=0; while [ ! -e /sys/module/nvidia/version ] && [ $i -lt {MODULE_WAIT} ]; do sleep 1; i=$((i + 1)); done"
 )
-
-
-def _host_info(facts: NvidiaHostStateInfo) -> HostInfo:
-    return HostInfo(
-        distro=facts["distro"] or "",
-        release=facts["release"] or "",
-        kernel=facts["kernel"] or "",
-        arch=facts["arch"] or "amd64",
-        secure_boot=facts["secure_boot"],
-    )
 
 
 @operation()
@@ -120,24 +106,21 @@ def driver(
         raise OperationValueError(
             f"reboot_timeout must be whole seconds from {least} to {most}, got {reboot_timeout!r}"
         )
-    request = _driver_request(source, branch, version, flavor, allow_dkms, mok_enrolled)
-
+    wanted = DriverSettings(source, branch, version, flavor, allow_dkms, mok_enrolled, reboot, reboot_timeout,
+                            replace_preinstalled)  # fmt: skip
+    _driver_request(wanted)
     facts = node_fact(NvidiaHostState)
     if not facts["pci"]["gpus"]:
         host.noop("no NVIDIA GPU on this node; driver skipped")
         return
-    error, description, plan = _planned(facts, source, request, replace_preinstalled, downloaded)
-    if error:
-        yield _fail(error)
+    decided = decision(wanted, downloaded)
+    if decided.error:
+        yield _fail(decided.error)
         return
-    if plan is None:
-        yield from _preinstalled(description, facts["driver"], reboot, reboot_timeout)
+    if decided.plan is None:
+        yield from _preinstalled(decided.description, facts["driver"], reboot, reboot_timeout)
         return
-    info = _host_info(facts)
-    installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
-    held = {name for name, pkg in facts["packages"].items() if pkg["held"]}
-    to_install = _to_install(plan, installed)
-    to_hold = [name for name in plan.hold if name not in held]
+    plan, to_install = decided.plan, dict(decided.to_install)
     if to_install:
         yield _packages.install(to_install, download=downloaded is None)
     loaded = facts["driver"]["kernel_module_version"]
@@ -147,22 +130,22 @@ def driver(
             built = _built_version_now() if state.is_executing else plan.version
         if not same_driver(built, plan.version):
             found = f"version {built}" if built else "none"
+            kernel = host_info(facts).kernel
             yield _fail(
                 f"NVIDIA driver {plan.version} is installed but DKMS built no nvidia {plan.version} module for "
-                f"kernel {info.kernel} (`modinfo -k {info.kernel} nvidia` finds {found}; see `dkms status` and "
+                f"kernel {kernel} (`modinfo -k {kernel} nvidia` finds {found}; see `dkms status` and "
                 "/var/lib/dkms/*/*/build/make.log on the node)"
             )
             return
-    if to_install or to_hold:
+    if to_install or decided.to_hold:
         yield _packages.hold(plan.hold)
 
-    needs_reboot = not same_driver(loaded, plan.version)
-    if needs_reboot and reboot:
+    if decided.needs_reboot and reboot:
         yield from _rebooted(reboot_timeout)
         yield from _check_loaded(plan.version)
         return
-    if not to_install and not to_hold:
-        if needs_reboot:
+    if not to_install and not decided.to_hold:
+        if decided.needs_reboot:
             host.noop(
                 f"NVIDIA driver {plan.version} is installed and held ({plan.method}); loaded module is "
                 f"{loaded or 'none'}: reboot required"
@@ -171,13 +154,35 @@ def driver(
             host.noop(f"NVIDIA driver {plan.version} is installed, held and loaded ({plan.method})")
 
 
-def _driver_request(
-    source: str, branch: str | None, version: str | None, flavor: str, allow_dkms: bool, mok_enrolled: bool
-) -> DriverRequest:
-    if source not in DRIVER_SOURCES:
-        raise OperationValueError(f"source must be one of {', '.join(DRIVER_SOURCES)}, got {source!r}")
+def decision(wanted: DriverSettings, downloaded: Mapping[str, str] | None = None) -> DriverDecision:
+    """The driver step's decision on this node for ``wanted`` (its request checked: ``DriverRequestError``
+    otherwise), made once per node read (reads facts, changes nothing): ``driver``, ``driver_downloaded``,
+    ``driver_changes`` and the deploy's summary share it. ``downloaded``: as for ``driver``."""
+    request = check_request(
+        DriverRequest(wanted.branch, wanted.version, wanted.flavor, wanted.allow_dkms, wanted.mok_enrolled)
+    )
+    facts = node_fact(NvidiaHostState)
+    pinned = None if downloaded is None else tuple(sorted(downloaded.items()))
+    key = (wanted.source, request, wanted.replace_preinstalled, pinned)
+
+    def decide() -> DriverDecision:
+        found = decide_driver(facts, wanted.source, request, wanted.replace_preinstalled, downloaded)
+        if found.index:  # the installed packages do not settle it: the package index does
+            available = host.get_fact(NvidiaAptVersions, packages=list(found.index))
+            found = decide_driver(facts, wanted.source, request, wanted.replace_preinstalled, downloaded, available)
+        return found
+
+    return decided_once("driver", facts, key, decide)
+
+
+def _driver_request(wanted: DriverSettings) -> None:
+    """Refuse arguments no node could take, naming the argument."""
+    if wanted.source not in DRIVER_SOURCES:
+        raise OperationValueError(f"source must be one of {', '.join(DRIVER_SOURCES)}, got {wanted.source!r}")
     try:
-        return check_request(DriverRequest(branch, version, flavor, allow_dkms, mok_enrolled))
+        check_request(
+            DriverRequest(wanted.branch, wanted.version, wanted.flavor, wanted.allow_dkms, wanted.mok_enrolled)
+        )
     except DriverRequestError as exc:
         raise OperationValueError(str(exc)) from exc
 
@@ -219,26 +224,26 @@ def driver_downloaded(
 
         driver.driver_downloaded(name="NVIDIA driver 580: downloaded", version="580.126.20", flavor="server-open")
     """
-    request = _driver_request(source, branch, version, flavor, allow_dkms, mok_enrolled)
+    wanted = DriverSettings(source, branch, version, flavor, allow_dkms, mok_enrolled,
+                            replace_preinstalled=replace_preinstalled)  # fmt: skip
+    _driver_request(wanted)
     facts = node_fact(NvidiaHostState)
     if not facts["pci"]["gpus"]:
         host.noop("no NVIDIA GPU on this node; no driver to download")
         return
-    error, _, plan = _planned(facts, source, request, replace_preinstalled)
-    if error:
-        yield _fail(error)
+    decided = decision(wanted)
+    if decided.error:
+        yield _fail(decided.error)
         return
-    if plan is None:
+    if decided.plan is None:
         _packages.record({})
         host.noop("the node keeps its own driver: nothing to download")
         return
-    installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
-    to_install = _to_install(plan, installed)
-    if not to_install:
+    if not decided.to_install:
         _packages.record({})
-        host.noop(f"NVIDIA driver {plan.version} is installed: nothing to download")
+        host.noop(f"NVIDIA driver {decided.plan.version} is installed: nothing to download")
         return
-    yield from _packages.downloaded(f"NVIDIA driver {plan.version}", to_install)
+    yield from _packages.downloaded(f"NVIDIA driver {decided.plan.version}", dict(decided.to_install))
 
 
 def driver_changes(
@@ -255,66 +260,14 @@ def driver_changes(
     """The disruptive changes ``driver`` would make on this host with the same arguments (reads
     facts, changes nothing): ``driver: install …`` and ``driver: reboot …``; ``[]`` where it would
     only hold packages, change nothing, or fail the host."""
+    wanted = DriverSettings(source, branch, version, flavor, allow_dkms, mok_enrolled, reboot, reboot_timeout,
+                            replace_preinstalled)  # fmt: skip
+    if source not in DRIVER_SOURCES or not node_fact(NvidiaHostState)["pci"]["gpus"]:
+        return []
     try:
-        request = check_request(DriverRequest(branch, version, flavor, allow_dkms, mok_enrolled))
+        return decision(wanted).changes(reboot)
     except DriverRequestError:
         return []
-    facts = node_fact(NvidiaHostState)
-    if source not in DRIVER_SOURCES or not facts["pci"]["gpus"]:
-        return []
-    error, _, plan = _planned(facts, source, request, replace_preinstalled)
-    loaded = facts["driver"]["kernel_module_version"]
-    if error:
-        return []
-    if plan is None:
-        if reboot and facts["driver"]["mismatch"]:
-            return [f"driver: reboot ({loaded} loaded, {facts['driver']['userspace_version']} installed)"]
-        return []
-    installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
-    to_install = _to_install(plan, installed)
-    changes = [f"driver: install {' '.join(f'{n}={v}' if v else n for n, v in sorted(to_install.items()))}"]
-    changes = changes if to_install else []
-    if reboot and not same_driver(loaded, plan.version):
-        changes.append(f"driver: reboot ({loaded or 'no module'} loaded, {plan.version} installed)")
-    return changes
-
-
-def _planned(
-    facts: NvidiaHostStateInfo,
-    source: str,
-    request: DriverRequest,
-    replace_preinstalled: bool,
-    downloaded: Mapping[str, str] | None = None,
-) -> tuple[str, str, DriverPlan | None]:
-    """``(error, description, plan)``: why the host fails, or the preinstalled driver it keeps
-    (``plan`` None), or the package plan; with ``downloaded``, made from those packages and the
-    installed ones only, never from the package index."""
-    chosen, error = resolve_source(source, request, facts["driver"]["kernel_module_version"])
-    description = ""
-    if chosen == "preinstalled":
-        description, error = preinstalled_driver(facts["driver"], request.version)
-    elif chosen == "packages" and not replace_preinstalled:
-        error = foreign_driver(facts["driver"])
-    if error or chosen == "preinstalled":
-        return (f"NVIDIA driver: {error}" if error else ""), description, None
-    info = _host_info(facts)
-    installed = {name: str(pkg["version"]) for name, pkg in facts["packages"].items()}
-    plan = plan_driver(info, request, installed, None)
-    if plan.error == "query" and downloaded is not None:
-        cached = {name: [version] for name, version in {**installed, **downloaded}.items() if version}
-        plan = plan_driver(info, request, installed, cached)
-        if plan.error:
-            plan.error += " (in the turn: among the packages downloaded before it and the installed ones)"
-    elif plan.error == "query":
-        available = host.get_fact(NvidiaAptVersions, packages=wanted_names(info, request))
-        plan = plan_driver(info, request, installed, available)
-    if plan.error:
-        return f"NVIDIA driver {request.version or request.branch}: {plan.error}", "", None
-    return "", "", plan
-
-
-def _to_install(plan: DriverPlan, installed: dict[str, str]) -> dict[str, str]:
-    return {n: v for n, v in plan.packages.items() if n not in installed or (v and installed[n] != v)}
 
 
 def _from_driver_container(loaded: DriverInfo) -> bool:

@@ -25,15 +25,14 @@ from pyinfra_gpunode.operations import _packages
 from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._atomic import write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
-from pyinfra_gpunode.operations._shared import node_fact
+from pyinfra_gpunode.operations._shared import decided_once, node_fact
 from pyinfra_gpunode.settings import TOOLKIT_SOURCE
 from pyinfra_gpunode.toolkit_plan import (
+    ToolkitDecision,
     ToolkitRequestError,
     check_toolkit,
-    keyring_needs_pin,
+    decide_toolkit,
     newest_common_version,
-    toolkit_install,
-    toolkit_source,
 )
 
 TOOLKIT_FINGERPRINT = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
@@ -81,53 +80,48 @@ def container_toolkit(
         raise OperationValueError(str(exc)) from exc
 
     toolkit = node_fact(NvidiaContainerToolkit)
-    packages, held = toolkit["packages"], set(toolkit["held"])
-    complete = all(name in packages for name in TOOLKIT_PACKAGES)
-    found_outside = bool(toolkit.get("ctk_path") and toolkit["runtime_binary"])
-    source = toolkit_source(source, version, packages if complete else {}, found_outside)
+    decided = decision(source, version)
     # A keyring with any key but exactly the pinned one lets that key sign the repository: replaced,
     # on every run where apt reads the repository (its list file is there), the toolkit installed or not.
-    keyring_wrong = keyring_needs_pin(
-        source, toolkit["repo_list"] is not None, toolkit["keyring_fingerprints"], TOOLKIT_FINGERPRINT
-    )
-    if keyring_wrong:
+    if decided.keyring_wrong:
         yield StringCommand(keyring_script())
-    if source == "installed":
-        yield from _toolkit_checked(toolkit, version, quiet=keyring_wrong)
+    if decided.source == "installed":
+        yield from _toolkit_checked(toolkit, version, quiet=decided.keyring_wrong)
         return
-    if version is None and complete and len({packages[n] for n in TOOLKIT_PACKAGES}) == 1:
-        version = packages["nvidia-container-toolkit"]  # the version taken once is kept
-    versions_ok = complete and all(packages[n] == version for n in TOOLKIT_PACKAGES)
-
-    if versions_ok and all(n in held for n in TOOLKIT_PACKAGES) and toolkit["runtime_binary"]:
-        if not keyring_wrong:
-            host.noop(f"NVIDIA Container Toolkit {packages['nvidia-container-toolkit']} is installed and held")
+    if decided.install is None and decided.held and toolkit["runtime_binary"]:
+        if not decided.keyring_wrong:
+            host.noop(f"NVIDIA Container Toolkit {decided.installed} is installed and held")
         return
 
-    if not versions_ok:
-        if source == "repository" and downloaded is not None:
-            version = version or _toolkit_version(downloaded)
-            if version is None:
-                yield _fail("NVIDIA Container Toolkit: no version of it was downloaded before the turn")
-                return
-            yield _packages.install({name: version for name in TOOLKIT_PACKAGES}, download=False)
-        elif source == "repository":
-            if not toolkit["keyring_fingerprints"]:
-                yield StringCommand(keyring_script())
-            if toolkit["repo_list"] != TOOLKIT_REPO_LINE:
-                yield from write_file(TOOLKIT_LIST, TOOLKIT_REPO_LINE)
-            yield StringCommand("apt-get", "update")
-            if version is None:  # read once the repository is known: the newest version, then kept
-                offered = host.get_fact(NvidiaAptVersions, packages=list(TOOLKIT_PACKAGES))
-                version = newest_common_version(offered, TOOLKIT_PACKAGES)
-                if version is None:
-                    yield _fail("NVIDIA Container Toolkit: the repository offers no version of all four packages")
-                    return
-            yield _packages.install({name: version for name in TOOLKIT_PACKAGES})
-        else:
-            assert deb_dir is not None
-            yield _install_debs(deb_dir, version)
+    target = decided.install
+    if target is not None and decided.source == "repository" and downloaded is not None:
+        target = target or _toolkit_version(downloaded)
+        if target is None:
+            yield _fail("NVIDIA Container Toolkit: no version of it was downloaded before the turn")
+            return
+        yield _packages.install(dict.fromkeys(TOOLKIT_PACKAGES, target), download=False)
+    elif target is not None and decided.source == "repository":
+        target = yield from _from_repository(toolkit, target)
+        if target is None:
+            return
+        yield _packages.install(dict.fromkeys(TOOLKIT_PACKAGES, target))
+    elif target is not None:
+        assert deb_dir is not None
+        yield _install_debs(deb_dir, target or None)
     yield _packages.hold(list(TOOLKIT_PACKAGES))
+
+
+def decision(source: str, version: str | None) -> ToolkitDecision:
+    """The toolkit step's decision on this node (``version`` as ``check_toolkit`` returns it), made once per
+    node read (reads facts, changes nothing): ``container_toolkit``, ``container_toolkit_downloaded`` and
+    ``toolkit_changes`` share it."""
+    toolkit = node_fact(NvidiaContainerToolkit)
+    return decided_once(
+        "toolkit",
+        toolkit,
+        (source, version),
+        lambda: decide_toolkit(toolkit, source, version, TOOLKIT_PACKAGES, TOOLKIT_FINGERPRINT),
+    )
 
 
 def _toolkit_version(downloaded: Mapping[str, str]) -> str | None:
@@ -169,17 +163,12 @@ def container_toolkit_downloaded(
     except ToolkitRequestError as exc:
         raise OperationValueError(str(exc)) from exc
     toolkit = node_fact(NvidiaContainerToolkit)
-    packages = toolkit["packages"]
-    complete = all(name in packages for name in TOOLKIT_PACKAGES)
-    found_outside = bool(toolkit.get("ctk_path") and toolkit["runtime_binary"])
-    chosen = toolkit_source(source, version, packages if complete else {}, found_outside)
-    keyring_wrong = keyring_needs_pin(
-        chosen, toolkit["repo_list"] is not None, toolkit["keyring_fingerprints"], TOOLKIT_FINGERPRINT
-    )
+    decided = decision(source, version)
+    keyring_wrong = decided.keyring_wrong
     if keyring_wrong:
         yield StringCommand(keyring_script())
-    target = toolkit_install(source, version, packages, found_outside, TOOLKIT_PACKAGES)
-    if target is None or chosen != "repository":
+    target = decided.install
+    if target is None or decided.source != "repository":
         _packages.record({})
         if not keyring_wrong:
             where = "its .deb files are on the node (deb_dir)" if target is not None else "it is installed"
@@ -196,20 +185,30 @@ def container_toolkit_downloaded(
         logger.info("%splan: download before the turns: NVIDIA Container Toolkit %s from NVIDIA's repository "
                     "(keyring, list file and apt-get update first); the turn installs without downloading",
                     host.print_prefix, target or "at the newest version offered")  # fmt: skip
+    target = yield from _from_repository(toolkit, target)
+    if target is None:
+        return
+    pins = dict.fromkeys(TOOLKIT_PACKAGES, target)
+    yield _packages.download(pins)
+    _packages.record(pins)
+
+
+def _from_repository(toolkit: ToolkitInfo, target: str) -> Generator[Any, Any, str | None]:
+    """NVIDIA's repository made known to apt (its keyring, list file, ``apt-get update``); returns the version
+    to take: ``target``, or without one the newest the repository offers, read then (and kept from then on);
+    None where it offers none (the node is failed)."""
     if not toolkit["keyring_fingerprints"]:
         yield StringCommand(keyring_script())
     if toolkit["repo_list"] != TOOLKIT_REPO_LINE:
         yield from write_file(TOOLKIT_LIST, TOOLKIT_REPO_LINE)
     yield StringCommand("apt-get", "update")
-    if not target:  # read once the repository is known: the newest version, then kept
-        offered = host.get_fact(NvidiaAptVersions, packages=list(TOOLKIT_PACKAGES))
-        target = newest_common_version(offered, TOOLKIT_PACKAGES)
-        if target is None:
-            yield _fail("NVIDIA Container Toolkit: the repository offers no version of all four packages")
-            return
-    pins = dict.fromkeys(TOOLKIT_PACKAGES, target)
-    yield _packages.download(pins)
-    _packages.record(pins)
+    if target:
+        return target
+    offered = host.get_fact(NvidiaAptVersions, packages=list(TOOLKIT_PACKAGES))
+    newest = newest_common_version(offered, TOOLKIT_PACKAGES)
+    if newest is None:
+        yield _fail("NVIDIA Container Toolkit: the repository offers no version of all four packages")
+    return newest
 
 
 def toolkit_changes(source: str = TOOLKIT_SOURCE, version: str | None = None, deb_dir: str | None = None) -> list[str]:
@@ -221,14 +220,11 @@ def toolkit_changes(source: str = TOOLKIT_SOURCE, version: str | None = None, de
         version = check_toolkit(source, version, deb_dir)
     except ToolkitRequestError:
         return []
-    toolkit = node_fact(NvidiaContainerToolkit)
-    packages = toolkit["packages"]
-    found_outside = bool(toolkit.get("ctk_path") and toolkit["runtime_binary"])
-    target = toolkit_install(source, version, packages, found_outside, TOOLKIT_PACKAGES)
-    if target is None:
+    decided = decision(source, version)
+    if decided.install is None:
         return []
-    installed = packages.get("nvidia-container-toolkit") or "none"
-    return [f"toolkit: install {target or 'the newest version offered'} (installed: {installed})"]
+    target = decided.install or "the newest version offered"
+    return [f"toolkit: install {target} (installed: {decided.installed or 'none'})"]
 
 
 def _toolkit_checked(toolkit: ToolkitInfo, version: str | None, quiet: bool = False) -> Generator[Any, Any, None]:

@@ -16,7 +16,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import State, deploy
 
-from pyinfra_gpunode.driver_plan import DriverRequest, DriverRequestError, check_request, resolve_source
+from pyinfra_gpunode.driver_plan import DriverRequest, DriverRequestError, check_request
 from pyinfra_gpunode.driver_versions import same_driver
 from pyinfra_gpunode.facts.containerd import ContainerdNodeState
 from pyinfra_gpunode.facts.driver import NvidiaDriver
@@ -203,10 +203,7 @@ def _operator_refused(settings: Settings, gpu: bool = True) -> bool:
     if gpu:
         driver_info = node_fact(NvidiaDriver)
         if driver_from_container(driver_info, found):
-            source, _ = resolve_source(
-                settings.driver.source, check_request(_driver_request(settings)), driver_info["kernel_module_version"]
-            )
-            if source == "packages" and not refusal:
+            if driver.decision(settings.driver).source == "packages" and not refusal:
                 refusal = (
                     f"NVIDIA driver not changed: the driver {driver_info['kernel_module_version']} comes from the GPU "
                     f"Operator's driver container ({DRIVER_ROOT}); installing driver packages would put a second "
@@ -269,22 +266,20 @@ def _checked_settings(gpu: bool = True) -> tuple[Settings | None, str]:
 
 def _preinstalled(settings: Settings) -> bool:
     """Whether this node keeps its own driver (read before any step; the driver step changes nothing then)."""
-    loaded = node_fact(NvidiaDriver)["kernel_module_version"]
-    source, _ = resolve_source(settings.driver.source, check_request(_driver_request(settings)), loaded)
-    return source == "preinstalled"
+    return driver.decision(settings.driver).source == "preinstalled"
 
 
 def _driver_ready(settings: Settings) -> bool:
     """``_if`` of the GPU steps after the driver: false (and reported) while a reboot is pending."""
     report = _report()
     if report.driver_ready is None:
-        driver_info = node_fact(NvidiaDriver)
+        decided = driver.decision(settings.driver)
+        driver_info = decided.loaded
         loaded, userspace = driver_info["kernel_module_version"], driver_info["userspace_version"]
         report.driver_ready = bool(loaded and userspace and not driver_info["mismatch"])
-        source, _ = resolve_source(settings.driver.source, check_request(_driver_request(settings)), loaded)
         found = node_fact(GpuOperatorState)
         container = driver_from_container(driver_info, found)
-        if source == "preinstalled" and not container:
+        if decided.source == "preinstalled" and not container:
             report.skipped.append(f"driver {loaded} ({driver_info['module_flavor'] or 'unknown flavour'}) preinstalled")
         if container:
             userspace = container_userspace(found)

@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from pyinfra_gpunode.facts.toolkit import TOOLKIT_PACKAGES
-from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, cdi_owner, check_toolkit, toolkit_install
+from pyinfra_gpunode.operations.toolkit import TOOLKIT_FINGERPRINT
+from pyinfra_gpunode.toolkit_plan import (
+    ToolkitRequestError,
+    cdi_owner,
+    check_toolkit,
+    decide_toolkit,
+    toolkit_install,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "operations" / "toolkit.container_toolkit"
 
@@ -20,8 +27,10 @@ def planned(case: dict[str, Any]) -> str | None:
     source = kwargs.get("source", "auto")
     version = check_toolkit(source, kwargs.get("version"), kwargs.get("deb_dir"))
     toolkit = case["facts"]["toolkit.NvidiaContainerToolkit"]
-    outside = bool(toolkit.get("ctk_path") and toolkit["runtime_binary"])
-    return toolkit_install(source, version, toolkit["packages"], outside, TOOLKIT_PACKAGES)
+    found = decide_toolkit(toolkit, source, version, TOOLKIT_PACKAGES, TOOLKIT_FINGERPRINT)
+    keyring = any(isinstance(command, str) and "gpg" in command for command in case["commands"])
+    assert found.keyring_wrong <= keyring, "the decision pins a keyring the operation leaves"
+    return found.install
 
 
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda path: path.stem)
