@@ -5,9 +5,10 @@ drop-in for what host data asks beyond it), and k0s, which takes gpunode's drop-
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -134,15 +135,21 @@ def unit_restarted(timeout: int = RESTART_TIMEOUT) -> Generator[Any, Any, None]:
 
 @dataclass(frozen=True)
 class _Site:
-    """Where a platform's containerd reads our drop-in, and how it is restarted after a change."""
+    """Where a platform's containerd reads our drop-in, how it is restarted after a change and read after it:
+    decided once per platform in ``_site``."""
 
     label: str  # who restarts containerd: "k0s", "k3s", "RKE2"
     unit: str
     dropins: str  # the drop-in directory, saved before the write and put back on failure
     path: str  # our drop-in
     bin_dir: str  # the platform's ctr, for the wait
-    program: str | None  # k3s or rke2 (their facts, their log); None: k0s
+    address: str  # its containerd's socket
+    backup_name: str  # backups: <BACKUP_DIR>/<backup_name>-<time>.tar
+    restarts_itself: bool  # k0s restarts its containerd on a change to its drop-ins; k3s and RKE2: their unit is
+    adds_runtime: bool  # the agent itself adds the nvidia runtime (k3s, RKE2): expected in NRI mode as well
     log: str | None  # k3s and RKE2 send their containerd's output there (its CRI start line)
+    tree: Callable[[], RancherContainerdInfo]  # the platform's containerd files, dump, processes, log size
+    loaded: Callable[[int, int], CriLoaded]  # what containerd ``pid``'s CRI plugin loaded (log past ``offset``)
 
     @property
     def containerd(self) -> str:
@@ -156,13 +163,33 @@ def _site(info: ContainerdPlatformInfo | None) -> _Site | None:
         return None
     name, unit = info["name"], info["unit"]
     if name == "k0s":
-        return _Site("k0s", unit, K0S_DROPINS, k0s.DROPIN, k0s.BIN_DIR, None, None)
+        return _Site(
+            "k0s", unit, K0S_DROPINS, k0s.DROPIN, k0s.BIN_DIR, K0S_SOCKET, k0s.BACKUP_NAME,
+            restarts_itself=True, adds_runtime=False, log=None, tree=_k0s_tree, loaded=_k0s_loaded,
+        )  # fmt: skip
     if name in RANCHER:
         return _Site(
-            NAMES[name], unit, rancher.dropin_dir(name), rancher.dropin_path(name), rancher.bin_dir(name), name,
-            rancher_log(name),
+            NAMES[name], unit, rancher.dropin_dir(name), rancher.dropin_path(name), rancher.bin_dir(name),
+            K3S_SOCKET, rancher.BACKUP_NAME, restarts_itself=False, adds_runtime=True, log=rancher_log(name),
+            tree=partial(_rancher_tree, name), loaded=partial(_rancher_loaded, name),
         )  # fmt: skip
     return None
+
+
+def _k0s_tree() -> RancherContainerdInfo:
+    return {**host.get_fact(K0sContainerd), "log_size": 0}
+
+
+def _k0s_loaded(pid: int, offset: int) -> CriLoaded:
+    return host.get_fact(K0sCriLoaded, pid=pid)
+
+
+def _rancher_tree(program: str) -> RancherContainerdInfo:
+    return host.get_fact(RancherContainerd, program=program)
+
+
+def _rancher_loaded(program: str, pid: int, offset: int) -> CriLoaded:
+    return host.get_fact(RancherCriLoaded, program=program, offset=offset)
 
 
 @operation(
@@ -214,34 +241,34 @@ def runtime_dropin_applied(
     if not found.writes or site is None or site.path not in found.writes:
         host.noop("the platform's containerd has the config host data asks for")
         return
-    node = _tree(site)
+    node = site.tree()
     old = _newest(node["processes"], site.unit)
     if old is None:
         yield fail(f"containerd config not changed: no containerd process runs in the {site.label} unit ({site.unit})")
         return
-    previous = _loaded(site, old, 0)
+    previous = site.loaded(old, 0)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-    backup = f"{containerd.BACKUP_DIR}/{k0s.BACKUP_NAME if site.program is None else rancher.BACKUP_NAME}-{stamp}.tar"
+    backup = f"{containerd.BACKUP_DIR}/{site.backup_name}-{stamp}.tar"
     yield _backup(backup, site.dropins)
     if state.is_executing:
         logger.info("%s%s", host.print_prefix, found.note)
     yield from write_file(site.path, found.writes[site.path], mode=found.modes.get(site.path, "644"))
     offset = node["log_size"]
     yield from _restarted(site, old, offset, timeout)
-    written = _tree(site)
+    written = site.tree()
     summary = summarize(written["dump"]["dump"] if written["dump"] and not written["dump"]["error"] else {})
     mode = (runtime or {}).get("mode", "runtime")
-    expected = expected_after_restart(summary, previous, runtime_expected=mode != "nri" or site.program is not None)
+    expected = expected_after_restart(summary, previous, runtime_expected=mode != "nri" or site.adds_runtime)
     problem, new = _site_problem(site, written["processes"], old, expected, offset)
     if problem is None:
         logger.info("%s%s restarted its containerd (pid %s) and it is verified", host.print_prefix, site.label, new)
         return
     failed = f"{site.containerd} failed after the write of {site.path}: {problem}"
     yield containerd._restore(backup, [site.dropins], [site.path], f"{failed}; restoring {backup} failed")
-    now_node = _tree(site)
+    now_node = site.tree()
     now, now_offset = _newest(now_node["processes"], site.unit), now_node["log_size"]
     yield from _restarted(site, now or 0, now_offset, timeout)
-    back, _ = _site_problem(site, _tree(site)["processes"], now or 0, previous, now_offset)
+    back, _ = _site_problem(site, site.tree()["processes"], now or 0, previous, now_offset)
     if back is None:
         yield fail(
             f"{failed}; {site.dropins} was put back as the backup taken before the write holds it, "
@@ -251,35 +278,26 @@ def runtime_dropin_applied(
         yield fail(f"{failed}; after putting back the backup taken before the write: {back}")
 
 
-def _tree(site: _Site) -> RancherContainerdInfo:
-    """The platform's containerd files, dump, processes and (k3s and RKE2; else 0) its log's size."""
-    if site.program is None:
-        return {**host.get_fact(K0sContainerd), "log_size": 0}
-    return host.get_fact(RancherContainerd, program=site.program)
-
-
-def _loaded(site: _Site, pid: int, offset: int) -> CriLoaded:
-    """What the CRI plugin of the platform's containerd ``pid`` loaded (on k3s and RKE2: its last start past
-    byte ``offset`` of the agent's containerd log)."""
-    if site.program is None:
-        return host.get_fact(K0sCriLoaded, pid=pid)
-    return host.get_fact(RancherCriLoaded, program=site.program, offset=offset)
-
-
 def _restarted(site: _Site, old: int, offset: int, timeout: int) -> Iterator[StringCommand]:
     """Restart the platform's containerd where the write does not (k3s and RKE2: their unit, without waiting
     on systemd), then wait for a new containerd process in its unit to report its CRI plugin."""
-    seconds = max(1, int(timeout)) + (0 if site.program else 2 * k0s.DEBOUNCE_SECONDS)
-    address = K0S_SOCKET if site.program is None else K3S_SOCKET
+    seconds = max(1, int(timeout)) + (2 * k0s.DEBOUNCE_SECONDS if site.restarts_itself else 0)
     log = [site.log, str(int(offset))] if site.log else []
-    if site.program is not None:
+    if not site.restarts_itself:
         yield StringCommand(
             "systemctl", "reset-failed", QuoteString(site.unit), "2>/dev/null", ";",
             "systemctl", "restart", "--no-block", QuoteString(site.unit),
         )  # fmt: skip
     yield StringCommand(
         shell.command(
-            _PLATFORM_WAIT, "gpunode-platform-wait", site.unit, str(old), str(seconds * 5), address, site.bin_dir, *log
+            _PLATFORM_WAIT,
+            "gpunode-platform-wait",
+            site.unit,
+            str(old),
+            str(seconds * 5),
+            site.address,
+            site.bin_dir,
+            *log,
         )
     )
 
@@ -311,4 +329,4 @@ def _site_problem(
             f"{site.label} did not start a new containerd in {site.unit} (the previous one was pid {old or 'none'})",
             None,
         )
-    return restart_problem("active", "", _loaded(site, new, offset), expected), new
+    return restart_problem("active", "", site.loaded(new, offset), expected), new
