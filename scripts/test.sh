@@ -5,49 +5,63 @@
 #
 # Usage: scripts/test.sh [--fast] [PYTEST ARGUMENTS...]
 #   --fast   only the tests that boot no test host: unit, fixture, real-binary and chroot tests
-# Without arguments the suite runs as three pytest processes side by side (tests/conftest.py's
-# shards: the shared fleets' tests, the module fleets' tests, and everything that boots no host),
-# each logging to a file that is printed when all are done; with arguments, as one process.
+# Without pytest arguments the suite runs as pytest processes side by side, each logging to a file that is
+# printed when all are done: the three shards of tests/conftest.py (the shared fleets' tests, the module
+# fleets' tests, and everything that boots no host); with --fast, two processes sharing the tests that
+# boot no host a module at a time (tests/claims.py). With pytest arguments, as one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-selection=()
+fast=
 if [ "${1:-}" = --fast ]; then
     shift
-    selection=(-m "not fleet and not vm")
+    fast=1
 fi
 bash scripts/setup.sh
 bash scripts/lint.sh
-if [ "${#selection[@]}" -gt 0 ] || [ "$#" -gt 0 ]; then
-    exec .venv/bin/pytest "${selection[@]}" "$@"
+if [ "$#" -gt 0 ]; then
+    if [ -n "$fast" ]; then
+        exec .venv/bin/pytest -m "not fleet and not vm" "$@"
+    fi
+    exec .venv/bin/pytest "$@"
 fi
 
-shards=(session modules fast)
 logs=$(mktemp -d /tmp/gpunode-tests.XXXXXX)
+if [ -n "$fast" ]; then
+    mkdir "$logs/claims"
+    jobs=(fast-1 fast-2)
+else
+    jobs=(session modules fast)
+fi
 pids=()
-# Job control: each shard in a process group of its own, so that an interrupt reaches the shards once, from
+# Job control: each process in a process group of its own, so that an interrupt reaches them once, from
 # the trap below; a shard takes SIGINT although started as a background job (tests/conftest.py) and
 # tears its fleets and mounts down.
 set -m
-for shard in "${shards[@]}"; do
-    .venv/bin/pytest --shard "$shard" -p no:cacheprovider --basetemp "$logs/$shard" --durations=10 \
-        >"$logs/$shard.log" 2>&1 &
+for job in "${jobs[@]}"; do
+    if [ -n "$fast" ]; then
+        selection=(--shard fast --claim-modules="$logs/claims")
+    else
+        selection=(--shard "$job")
+    fi
+    .venv/bin/pytest "${selection[@]}" -p no:cacheprovider --basetemp "$logs/$job" --durations=10 \
+        >"$logs/$job.log" 2>&1 &
     pids+=("$!")
-    echo "shard $shard: pytest $! (log $logs/$shard.log)"
+    echo "$job: pytest $! (log $logs/$job.log)"
 done
 trap 'kill -INT "${pids[@]}" 2>/dev/null' INT TERM
 failed=()
-for i in "${!shards[@]}"; do
-    wait "${pids[$i]}" || failed+=("${shards[$i]}")
+for i in "${!jobs[@]}"; do
+    wait "${pids[$i]}" || failed+=("${jobs[$i]}")
 done
-for shard in "${shards[@]}"; do
-    echo "=================================== shard $shard ==================================="
-    cat "$logs/$shard.log"
+for job in "${jobs[@]}"; do
+    echo "=================================== $job ==================================="
+    cat "$logs/$job.log"
 done
-for shard in "${shards[@]}"; do
-    echo "shard $shard: $(tail -n 1 "$logs/$shard.log")"
+for job in "${jobs[@]}"; do
+    echo "$job: $(tail -n 1 "$logs/$job.log")"
 done
 if [ "${#failed[@]}" -gt 0 ]; then
-    echo "failed shards: ${failed[*]} (logs in $logs)"
+    echo "failed: ${failed[*]} (logs in $logs)"
     exit 1
 fi
 rm -rf --one-file-system "$logs"

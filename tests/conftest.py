@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-pytest_plugins = ["tests.fleet.plugin", "tests.packaging"]
+pytest_plugins = ["tests.fleet.plugin", "tests.packaging", "tests.claims"]
 
 if importlib.util.find_spec("pyinfra_testing") is not None:
     from pyinfra_testing import util as _testing_util

@@ -8,39 +8,44 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARDS
-
 REPO = Path(__file__).resolve().parents[2]
 
 
-def collected(*arguments: str) -> set[str]:
-    """The node ids ``pytest --collect-only`` selects from tests/integration with ``arguments``."""
+def collected(*arguments: str) -> list[str]:
+    """The output lines of ``pytest --collect-only`` over tests/integration with ``arguments``."""
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *arguments,
          "tests/integration"],
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    return {line for line in result.stdout.splitlines() if line.startswith("tests/")}
+    return result.stdout.splitlines()
 
 
 @pytest.fixture(scope="module")
-def shards() -> dict[str, set[str]]:
-    return {shard: collected("--shard", shard) for shard in SHARDS}
+def listing() -> dict[str, tuple[str, set[str]]]:
+    """Each test of tests/integration: its shard and its ``fleet``/``vm`` marks, from one collection."""
+    found = {}
+    for line in collected("-p", "tests.shard_listing"):
+        if line.startswith("SHARD "):
+            node_id, shard, marks = line.removeprefix("SHARD ").rsplit(" ", 2)  # node ids may hold spaces
+            found[node_id] = (shard, set(marks.split(",")) - {"-"})
+    return found
 
 
-def test_the_shards_hold_every_test_once(shards: dict[str, set[str]]) -> None:
-    everything = collected()
-    assert sum(len(ids) for ids in shards.values()) == len(everything)
-    assert set().union(*shards.values()) == everything
+def test_a_shard_runs_exactly_its_own_tests(listing: dict[str, tuple[str, set[str]]]) -> None:
+    """``--shard`` deselects the others: the fast shard's collection is the listing's fast tests."""
+    fast = {line for line in collected("--shard", "fast") if line.startswith("tests/")}
+    assert fast == {node_id for node_id, (shard, _) in listing.items() if shard == "fast"}
+    assert len(listing) > len(fast) > 0
 
 
-def test_fleet_tests_are_split_by_the_fleet_they_use(shards: dict[str, set[str]]) -> None:
-    booting = collected("-m", "fleet or vm")
-    assert shards["fast"] == collected("-m", "not fleet and not vm")
-    assert shards["session"] | shards["modules"] == booting
-    modules = {node_id.split("::")[0] for node_id in shards["modules"]}
-    session = {node_id.split("::")[0] for node_id in shards["session"]}
+def test_fleet_tests_are_split_by_the_fleet_they_use(listing: dict[str, tuple[str, set[str]]]) -> None:
+    assert {shard for shard, _ in listing.values()} == {"session", "modules", "fast"}
+    for node_id, (shard, marks) in listing.items():
+        assert (shard == "fast") == (not marks), f"{node_id}: in {shard} with marks {marks}"
+    modules = {node_id.split("::")[0] for node_id, (shard, _) in listing.items() if shard == "modules"}
+    session = {node_id.split("::")[0] for node_id, (shard, _) in listing.items() if shard == "session"}
     assert not modules & session, "a test module's fleet tests stay in one shard"
     for path in modules:
         assert "def fleet(" in (REPO / path).read_text(), f"{path} boots a fleet of its own"
