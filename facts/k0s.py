@@ -182,7 +182,31 @@ def candidate_command(bin_dir: str, config: str, dropins: str, dropin_path: str)
     )
 
 
-class K0sCriLoaded(FactBase[CriLoaded]):
+class CriLoadedFromLog:
+    """What ``K0sCriLoaded`` and ``RancherCriLoaded`` share: the ``ctr`` section of their command, their
+    value where neither a start line nor ``ctr`` answered, and how their output is read."""
+
+    @staticmethod
+    def ctr_section(address: str) -> list[str]:
+        """The CRI plugins' status from ``ctr plugins ls`` on the socket ``address``, where it is one."""
+        ctr = f"timeout 10 ctr --address {address} plugins ls"
+        return [
+            marker("ctr"),
+            f"if [ -S {address} ] && command -v ctr >/dev/null 2>&1; then "
+            f"{ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) ' || true; fi",
+        ]
+
+    @staticmethod
+    def default() -> CriLoaded:
+        return {**parse_cri_start_log([]), "error": "no CRI plugin start line and no answer from ctr"}
+
+    def process(self, output: list[str]) -> CriLoaded:
+        sections = split_sections(output)
+        loaded = parse_cri_loaded(sections.get("journal", []), sections.get("ctr", []))
+        return loaded if loaded["source"] else self.default()
+
+
+class K0sCriLoaded(CriLoadedFromLog, FactBase[CriLoaded]):
     """
     Returns what the CRI plugin of k0s' running containerd (process ``pid``) loaded: its start or
     failure line in the journal (where containerd's own lines reach it under its PID), else the CRI
@@ -196,13 +220,8 @@ class K0sCriLoaded(FactBase[CriLoaded]):
          "registry_config_path": None, "error": None, "source": "the CRI plugin's start line in the journal"}
     """
 
-    @staticmethod
-    def default() -> CriLoaded:
-        return {**parse_cri_start_log([]), "error": "no CRI plugin start line and no answer from ctr"}
-
     @override
     def command(self, pid: int) -> str:
-        ctr = f"timeout 10 ctr --address {K0S_SOCKET} plugins ls"
         return "; ".join(
             [
                 _PATH,
@@ -211,14 +230,6 @@ class K0sCriLoaded(FactBase[CriLoaded]):
                 "grep -E 'failed to load plugin io.containerd.(grpc.v1.cri|cri)|"
                 'failed to load plugin" error=.* id=io.containerd.(grpc.v1.cri|cri.v1.[a-z]+)( |$)|'
                 "Start cri plugin with config|starting cri plugin' || true",
-                marker("ctr"),
-                f"if [ -S {K0S_SOCKET} ] && command -v ctr >/dev/null 2>&1; then "
-                f"{ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) ' || true; fi",
+                *self.ctr_section(K0S_SOCKET),
             ]
         )
-
-    @override
-    def process(self, output: list[str]) -> CriLoaded:
-        sections = split_sections(output)
-        loaded = parse_cri_loaded(sections.get("journal", []), sections.get("ctr", []))
-        return loaded if loaded["source"] else self.default()

@@ -5,9 +5,15 @@ from __future__ import annotations
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from pyinfra_gpunode.containerd_dump import CriLoaded, parse_cri_loaded, parse_cri_start_log
+from pyinfra_gpunode.containerd_dump import CriLoaded
 from pyinfra_gpunode.facts.containerd import _CRI_LINES, LOG_BYTES, DumpInfo, _process_dump
-from pyinfra_gpunode.facts.k0s import K0sContainerdInfo, candidate_command, process_tree, tree_command
+from pyinfra_gpunode.facts.k0s import (
+    CriLoadedFromLog,
+    K0sContainerdInfo,
+    candidate_command,
+    process_tree,
+    tree_command,
+)
 from pyinfra_gpunode.platform import K3S_SOCKET, RANCHER, rancher_config, rancher_log
 from pyinfra_gpunode.rancher import bin_dir, dropin_dir, dropin_path
 from pyinfra_gpunode.sections import marker, split_sections
@@ -89,7 +95,7 @@ class RancherCandidateDump(FactBase[DumpInfo | None]):
         return _process_dump(output)
 
 
-class RancherCriLoaded(FactBase[CriLoaded]):
+class RancherCriLoaded(CriLoadedFromLog, FactBase[CriLoaded]):
     """
     Returns what the CRI plugin of the agent's containerd loaded at its last start: the last CRI start or
     failure line the agent's containerd log holds past byte ``offset`` (the whole log where it is shorter:
@@ -104,14 +110,9 @@ class RancherCriLoaded(FactBase[CriLoaded]):
          "registry_config_path": None, "error": None, "source": "the CRI plugin's start line in the journal"}
     """
 
-    @staticmethod
-    def default() -> CriLoaded:
-        return {**parse_cri_start_log([]), "error": "no CRI plugin start line and no answer from ctr"}
-
     @override
     def command(self, program: str, offset: int = 0) -> str:
         log = rancher_log(_program(program))
-        ctr = f"timeout 10 ctr --address {K3S_SOCKET} plugins ls"
         return "; ".join(
             [
                 f'PATH={bin_dir(program)}:"$PATH"; export PATH',
@@ -119,14 +120,6 @@ class RancherCriLoaded(FactBase[CriLoaded]):
                 f"o={int(offset)}; if [ -f {log} ] && [ -r {log} ]; then "
                 f'if [ "$(stat -L -c %s {log})" -lt "$o" ]; then o=0; fi; '
                 f'tail -c +"$((o + 1))" {log} | tail -c {LOG_BYTES} | {_CRI_LINES} | tail -n 1; fi',
-                marker("ctr"),
-                f"if [ -S {K3S_SOCKET} ] && command -v ctr >/dev/null 2>&1; then "
-                f"{ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) ' || true; fi",
+                *self.ctr_section(K3S_SOCKET),
             ]
         )
-
-    @override
-    def process(self, output: list[str]) -> CriLoaded:
-        sections = split_sections(output)
-        loaded = parse_cri_loaded(sections.get("journal", []), sections.get("ctr", []))
-        return loaded if loaded["source"] else self.default()
