@@ -8,6 +8,8 @@ skipped. Later files win.
 
 from __future__ import annotations
 
+import copy
+import functools
 import posixpath
 import re
 import tomllib
@@ -57,7 +59,7 @@ def parse_config_file(path: str, text: str) -> ConfigFile:
         reason = f"not UTF-8: byte 0x{ord(bad.group()) - 0xDC00:02x} on line {line}"
         return {"path": path, "version": None, "imports": [], "plugins": [], "error": reason, "text": ""}
     try:
-        data = tomllib.loads(text)
+        data = toml_data(text)
     except tomllib.TOMLDecodeError as exc:
         return {"path": path, "version": None, "imports": [], "plugins": [], "error": str(exc), "text": text}
     version = data.get("version")
@@ -195,7 +197,18 @@ def parsed(config: ConfigFile) -> dict[str, Any]:
     """The file's content as data (empty for a file that does not parse)."""
     if config["error"]:
         return {}
-    return tomllib.loads(config["text"])
+    return toml_data(config["text"])
+
+
+def toml_data(text: str) -> dict[str, Any]:
+    """``tomllib.loads(text)``, a fresh copy each time: the same config text is parsed once per process (a
+    run reads each node's files in several steps, and many nodes share one text)."""
+    return copy.deepcopy(_parsed_text(text))
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_text(text: str) -> dict[str, Any]:
+    return tomllib.loads(text)
 
 
 def strictest_mode(modes: list[str], base: str = "644") -> str:

@@ -22,6 +22,7 @@ from pyinfra_gpunode.containerd_files import (
     not_regular_files,
     resolve_tree,
     strictest_mode,
+    toml_data,
 )
 from pyinfra_gpunode.versions import parse_containerd_version
 
@@ -374,3 +375,10 @@ def test_dumps_of_many_nodes_share_their_keys() -> None:
 
     assert len(keys(first)) == 11
     assert all(mine is theirs for mine, theirs in zip(keys(first), keys(second), strict=True))
+
+
+def test_a_config_text_parsed_again_is_a_fresh_copy_of_the_same_data() -> None:
+    text = 'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n'
+    first = toml_data(text)
+    first["imports"].append("changed by a caller")
+    assert toml_data(text) == {"version": 2, "imports": ["/etc/containerd/conf.d/*.toml"]}
