@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .driver_versions import branch_of, is_branch, is_driver_version, same_driver, upstream_version, version_key
-from .settings import DRIVER_FLAVOR
+from .settings import DRIVER_FLAVOR, DriverSettings
 
 # Ubuntu (Canonical's restricted archive): branches with real packages, and branches whose
 # packages became transitional dummies that pull in a newer branch.
@@ -110,6 +110,13 @@ def check_request(request: DriverRequest) -> DriverRequest:
         argument = "branch" if request.branch else "version"
         raise DriverRequestError(argument, f"unknown driver branch {branch!r} (known: {', '.join(sorted(known))})")
     return DriverRequest(branch, request.version, request.flavor, request.allow_dkms, request.mok_enrolled)
+
+
+def requested(wanted: DriverSettings) -> DriverRequest:
+    """The driver the settings ask for, checked (:func:`check_request`: ``DriverRequestError`` naming the key)."""
+    return check_request(
+        DriverRequest(wanted.branch, wanted.version, wanted.flavor, wanted.allow_dkms, wanted.mok_enrolled)
+    )
 
 
 def resolve_source(source: str, request: DriverRequest, loaded: str | None) -> tuple[str, str]:

@@ -13,11 +13,10 @@ from pyinfra.facts.server import Command
 from pyinfra_gpunode.driver_plan import (
     DRIVER_SOURCES,
     DriverDecision,
-    DriverRequest,
     DriverRequestError,
-    check_request,
     decide_driver,
     host_info,
+    requested,
 )
 from pyinfra_gpunode.driver_versions import same_driver
 from pyinfra_gpunode.facts.driver import DriverInfo, NvidiaDriver, NvidiaHostState
@@ -154,25 +153,28 @@ def driver(
             host.noop(f"NVIDIA driver {plan.version} is installed, held and loaded ({plan.method})")
 
 
-def decision(wanted: DriverSettings, downloaded: Mapping[str, str] | None = None) -> DriverDecision:
+def decision(
+    wanted: DriverSettings, downloaded: Mapping[str, str] | None = None, planned: bool = True
+) -> DriverDecision:
     """The driver step's decision on this node for ``wanted`` (its request checked: ``DriverRequestError``
     otherwise), made once per node read (reads facts, changes nothing): ``driver``, ``driver_downloaded``,
-    ``driver_changes`` and the deploy's summary share it. ``downloaded``: as for ``driver``."""
-    request = check_request(
-        DriverRequest(wanted.branch, wanted.version, wanted.flavor, wanted.allow_dkms, wanted.mok_enrolled)
-    )
+    ``driver_changes`` and the deploy's summary share it. ``downloaded``: as for ``driver``. ``planned``:
+    False where only the driver's source and state are wanted: then the package index is never read (a
+    plan the installed packages do not settle is left undecided, naming the packages in ``index``)."""
+    request = requested(wanted)
     facts = node_fact(NvidiaHostState)
     pinned = None if downloaded is None else tuple(sorted(downloaded.items()))
     key = (wanted.source, request, wanted.replace_preinstalled, pinned)
-
-    def decide() -> DriverDecision:
-        found = decide_driver(facts, wanted.source, request, wanted.replace_preinstalled, downloaded)
-        if found.index:  # the installed packages do not settle it: the package index does
-            available = host.get_fact(NvidiaAptVersions, packages=list(found.index))
-            found = decide_driver(facts, wanted.source, request, wanted.replace_preinstalled, downloaded, available)
+    source, replace = wanted.source, wanted.replace_preinstalled
+    found = decided_once("driver", facts, key, lambda: decide_driver(facts, source, request, replace, downloaded))
+    if not planned or not found.index:
         return found
 
-    return decided_once("driver", facts, key, decide)
+    def from_index() -> DriverDecision:  # the installed packages do not settle it: the package index does
+        available = host.get_fact(NvidiaAptVersions, packages=list(found.index))
+        return decide_driver(facts, source, request, replace, downloaded, available)
+
+    return decided_once("driver planned", facts, key, from_index)
 
 
 def _driver_request(wanted: DriverSettings) -> None:
@@ -180,9 +182,7 @@ def _driver_request(wanted: DriverSettings) -> None:
     if wanted.source not in DRIVER_SOURCES:
         raise OperationValueError(f"source must be one of {', '.join(DRIVER_SOURCES)}, got {wanted.source!r}")
     try:
-        check_request(
-            DriverRequest(wanted.branch, wanted.version, wanted.flavor, wanted.allow_dkms, wanted.mok_enrolled)
-        )
+        requested(wanted)
     except DriverRequestError as exc:
         raise OperationValueError(str(exc)) from exc
 

@@ -16,7 +16,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import State, deploy
 
-from pyinfra_gpunode.driver_plan import DriverRequest, DriverRequestError, check_request
+from pyinfra_gpunode.driver_plan import DriverRequestError, requested
 from pyinfra_gpunode.driver_versions import same_driver
 from pyinfra_gpunode.facts.containerd import ContainerdNodeState
 from pyinfra_gpunode.facts.driver import NvidiaDriver
@@ -203,7 +203,7 @@ def _operator_refused(settings: Settings, gpu: bool = True) -> bool:
     if gpu:
         driver_info = node_fact(NvidiaDriver)
         if driver_from_container(driver_info, found):
-            if driver.decision(settings.driver).source == "packages" and not refusal:
+            if driver.decision(settings.driver, planned=False).source == "packages" and not refusal:
                 refusal = (
                     f"NVIDIA driver not changed: the driver {driver_info['kernel_module_version']} comes from the GPU "
                     f"Operator's driver container ({DRIVER_ROOT}); installing driver packages would put a second "
@@ -228,11 +228,6 @@ def _report() -> NodeReport:
     return run_state(current_state()).reports.setdefault(host.name, NodeReport())
 
 
-def _driver_request(settings: Settings) -> DriverRequest:
-    wanted = settings.driver
-    return DriverRequest(wanted.branch, wanted.version, wanted.flavor, wanted.allow_dkms, wanted.mok_enrolled)
-
-
 def _accepted_settings(gpu: bool = True) -> Settings | None:
     """This host's settings (with ``gpu``, the driver and toolkit keys checked too); None once the
     host is set to fail with the reason (naming the key), so that nothing runs on it and a dry run
@@ -249,7 +244,7 @@ def _checked_settings(gpu: bool = True) -> tuple[Settings | None, str]:
     try:
         settings = host_settings()
         if gpu:
-            check_request(_driver_request(settings))
+            requested(settings.driver)
             check_toolkit(settings.toolkit.source, settings.toolkit.version, settings.toolkit.deb_dir)
     except (DriverRequestError, ToolkitRequestError) as exc:
         prefix = "driver" if isinstance(exc, DriverRequestError) else "toolkit"
@@ -266,14 +261,14 @@ def _checked_settings(gpu: bool = True) -> tuple[Settings | None, str]:
 
 def _preinstalled(settings: Settings) -> bool:
     """Whether this node keeps its own driver (read before any step; the driver step changes nothing then)."""
-    return driver.decision(settings.driver).source == "preinstalled"
+    return driver.decision(settings.driver, planned=False).source == "preinstalled"
 
 
 def _driver_ready(settings: Settings) -> bool:
     """``_if`` of the GPU steps after the driver: false (and reported) while a reboot is pending."""
     report = _report()
     if report.driver_ready is None:
-        decided = driver.decision(settings.driver)
+        decided = driver.decision(settings.driver, planned=False)
         driver_info = decided.loaded
         loaded, userspace = driver_info["kernel_module_version"], driver_info["userspace_version"]
         report.driver_ready = bool(loaded and userspace and not driver_info["mismatch"])

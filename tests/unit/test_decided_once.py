@@ -58,8 +58,15 @@ def decided_around_a_change() -> Generator[Any, Any, None]:
     SEEN["after"] = driver.decision(WANTED)
 
 
-def run() -> list[str]:
-    """Run the test operation as ``pyinfra -y`` does on one @fake host; the commands it was sent."""
+@operation()
+def source_only() -> Generator[Any, Any, None]:
+    """Test operation: the driver's source and state only, as the deploy's summary asks for them."""
+    SEEN["source"] = driver.decision(WANTED, planned=False)
+    yield from ()
+
+
+def run(op: Any = decided_around_a_change) -> list[str]:
+    """Run a test operation as ``pyinfra -y`` does on one @fake host; the commands it was sent."""
     SEEN.clear()
     responses = {
         NodeSnapshot().command(DEFAULT_BINARY, NOUVEAU_CONF): SNAPSHOT,
@@ -70,7 +77,7 @@ def run() -> list[str]:
     state = State(inventory=Inventory(([("@fake/gpu1", data)], {})), config=Config(), check_for_changes=False)
     connect_all(state)
     try:
-        add_op(state, decided_around_a_change, name="driver decided around a change")
+        add_op(state, op, name="driver decided")
         run_ops(state)
         node = state.inventory.get_host("@fake/gpu1")
         commands: list[str] = node.connector.executed_commands  # type: ignore[attr-defined]
@@ -88,3 +95,9 @@ def test_one_decision_per_read_serves_the_operation_its_twin_and_the_summary() -
     assert SEEN["after"] is not SEEN["first"], "after a command the decision came from the read before it"
     # The snapshot, the index once for the first read, the echo, the node's driver read again, the index again.
     assert commands == [commands[0], INDEX, "echo a change", NvidiaHostState().command(), INDEX], commands
+
+
+def test_the_source_alone_reads_no_package_index() -> None:
+    commands = run(source_only)
+    assert SEEN["source"].source == "packages" and SEEN["source"].index == tuple(NAMES)
+    assert INDEX not in commands, commands
