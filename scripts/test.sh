@@ -28,37 +28,37 @@ fi
 logs=$(mktemp -d /tmp/gpunode-tests.XXXXXX)
 if [ -n "$fast" ]; then
     mkdir "$logs/claims"
-    jobs=(fast-1 fast-2)
+    runs=(fast-1 fast-2)
 else
-    jobs=(session modules fast)
+    runs=(session modules fast)
 fi
 pids=()
 # Job control: each process in a process group of its own, so that an interrupt reaches them once, from
 # the trap below; a shard takes SIGINT although started as a background job (tests/conftest.py) and
 # tears its fleets and mounts down.
 set -m
-for job in "${jobs[@]}"; do
+for run in "${runs[@]}"; do
     if [ -n "$fast" ]; then
         selection=(--shard fast --claim-modules="$logs/claims")
     else
-        selection=(--shard "$job")
+        selection=(--shard "$run")
     fi
-    .venv/bin/pytest "${selection[@]}" -p no:cacheprovider --basetemp "$logs/$job" --durations=10 \
-        >"$logs/$job.log" 2>&1 &
+    .venv/bin/pytest "${selection[@]}" -p no:cacheprovider --basetemp "$logs/$run" --durations=10 \
+        >"$logs/$run.log" 2>&1 &
     pids+=("$!")
-    echo "$job: pytest $! (log $logs/$job.log)"
+    echo "$run: pytest $! (log $logs/$run.log)"
 done
 trap 'kill -INT "${pids[@]}" 2>/dev/null' INT TERM
 failed=()
-for i in "${!jobs[@]}"; do
-    wait "${pids[$i]}" || failed+=("${jobs[$i]}")
+for i in "${!runs[@]}"; do
+    wait "${pids[$i]}" || failed+=("${runs[$i]}")
 done
-for job in "${jobs[@]}"; do
-    echo "=================================== $job ==================================="
-    cat "$logs/$job.log"
+for run in "${runs[@]}"; do
+    echo "=================================== $run ==================================="
+    cat "$logs/$run.log"
 done
-for job in "${jobs[@]}"; do
-    echo "$job: $(tail -n 1 "$logs/$job.log")"
+for run in "${runs[@]}"; do
+    echo "$run: $(tail -n 1 "$logs/$run.log")"
 done
 if [ "${#failed[@]}" -gt 0 ]; then
     echo "failed: ${failed[*]} (logs in $logs)"

@@ -9,6 +9,7 @@ Each run is a child forked by ``tests/cli_server.py``, which imported pyinfra's 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -63,7 +64,8 @@ def _forked(
     with tempfile.TemporaryDirectory(prefix="gpunode-cli.") as scratch:
         out, err = Path(scratch, "stdout"), Path(scratch, "stderr")
         out.touch()
-        err.touch()
+        if not merged:
+            err.touch()
         request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out)}
         request["stderr"] = None if merged else str(err)
         deadline = time.monotonic() + timeout
@@ -72,20 +74,23 @@ def _forked(
             connection.sendall(json.dumps(request).encode() + b"\n")
             lines = connection.makefile("r")
             pid, code = None, None
-            while code is None:
-                connection.settimeout(max(0.01, deadline - time.monotonic()))
-                try:
+            try:
+                while code is None:
+                    connection.settimeout(max(0.01, deadline - time.monotonic()))
                     line = lines.readline()
-                except TimeoutError:
-                    if pid is not None:
+                    if not line:
+                        code = -signal.SIGKILL  # the child ended without saying how: killed
+                    elif line.startswith("pid "):
+                        pid = int(line.split()[1])
+                    elif line.startswith("exit "):
+                        code = int(line.split()[1])
+            except BaseException as error:  # as subprocess.run: a timeout or an interrupt kills the run
+                if pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
+                if isinstance(error, TimeoutError):
                     raise subprocess.TimeoutExpired(argv, timeout, output=out.read_text(errors="replace")) from None
-                if not line:
-                    code = -signal.SIGKILL  # the child ended without saying how: killed
-                elif line.startswith("pid "):
-                    pid = int(line.split()[1])
-                elif line.startswith("exit "):
-                    code = int(line.split()[1])
+                raise
         stdout = out.read_text(errors="replace")
         stderr = None if merged else err.read_text(errors="replace")
     return subprocess.CompletedProcess(argv, code, stdout, stderr)

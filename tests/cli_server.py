@@ -106,8 +106,8 @@ def serve(path: str) -> None:
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".new")
-    os.rename(path + ".new", path)  # the socket appears once it accepts
     listener.listen(16)
+    os.rename(path + ".new", path)  # the socket appears once it accepts
     listener.settimeout(1)
     while os.getppid() == parent:  # ends with the test process that started it
         _reap()

@@ -5,6 +5,8 @@ prints what it sees, then names no host): nothing reaches a host or this machine
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -52,9 +54,48 @@ def test_directory_environment_and_stderr_reach_the_run(monkeypatch: pytest.Monk
     assert runs[0].stderr == runs[1].stderr
 
 
+SLEEPER = "import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(60)\nhosts = []\n"
+
+
+def gone(pid_file: Path) -> bool:
+    """Whether the run that wrote ``pid_file`` has ended within 5 s (reaped: no such process)."""
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_a_run_past_its_timeout_is_killed(tmp_path: Path) -> None:
-    (tmp_path / "inventory.py").write_text("import time\ntime.sleep(60)\nhosts = []\n")
+    (tmp_path / "inventory.py").write_text(SLEEPER)
     began = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         cli.pyinfra("inventory.py", "exec", "--", "true", cwd=tmp_path, timeout=2)
     assert time.monotonic() - began < 10
+    assert gone(tmp_path / "pid")
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_wait_kills_the_run(tmp_path: Path) -> None:
+    """As ``subprocess.run``: an exception in the waiting test (Ctrl-C) does not leave the run going."""
+    (tmp_path / "inventory.py").write_text(SLEEPER)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 3)
+    try:
+        with pytest.raises(Interrupted):
+            cli.pyinfra("inventory.py", "exec", "--", "true", cwd=tmp_path, timeout=60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert gone(tmp_path / "pid")
