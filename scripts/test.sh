@@ -43,7 +43,7 @@ for run in "${runs[@]}"; do
     else
         selection=(--shard "$run")
     fi
-    .venv/bin/pytest "${selection[@]}" -p no:cacheprovider --basetemp "$logs/$run" --durations=10 \
+    .venv/bin/pytest "${selection[@]}" -p no:cacheprovider --basetemp "$logs/$run" --durations=25 \
         >"$logs/$run.log" 2>&1 &
     pids+=("$!")
     echo "$run: pytest $! (log $logs/$run.log)"
