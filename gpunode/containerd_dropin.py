@@ -42,6 +42,7 @@ import tomlkit
 from jinja2 import Environment, StrictUndefined
 
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, load_order, parsed, resolve_tree
+from pyinfra_gpunode.log import CONTROL, without_controls
 from pyinfra_gpunode.settings import CONTAINERD_MODE, DROPIN_DIR, RUNTIME_BINARY
 from pyinfra_gpunode.versions import ContainerdVersionInfo
 
@@ -54,7 +55,6 @@ RUNC_V2 = "io.containerd.runc.v2"
 RUNTIME = "nvidia"
 # Runtime keys containerd fills in itself when a file leaves them empty or unset.
 FILLED_IN = {"runtime_type": RUNC_V2, "sandbox_mode": "podsandbox"}
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 OUR_DROPIN = "/etc/containerd/gpunode/nvidia-runtime.toml"
 PROVENANCE = "# carried-from "
 ACCOUNT = "#   "  # the header's account lines: what the planner decided and why, in words
@@ -574,10 +574,10 @@ def _input_errors(options: Options) -> list[str]:
     named += [("cdi_spec_dirs entry", spec_dir) for spec_dir in options.cdi_spec_dirs or ()]
     # Shown as <U+000A>: a backslash escape would turn back into the character in a shell's echo.
     return [
-        f"{name} '{_CONTROL.sub(lambda char: f'<U+{ord(char.group()):04X}>', value)}' contains a newline "
-        "or another control character; give a plain absolute path"
+        f"{name} '{without_controls(value)}' contains a newline or another control character; give a plain "
+        "absolute path"
         for name, value in named
-        if _CONTROL.search(value)
+        if CONTROL.search(value)
     ]
 
 

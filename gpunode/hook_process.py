@@ -29,7 +29,7 @@ from typing import Any
 
 from pyinfra_gpunode.hook_supervisor import descendants, process_table
 from pyinfra_gpunode.hooks import hook_argv, hook_environment, shown_argv
-from pyinfra_gpunode.log import logger
+from pyinfra_gpunode.log import logger, printable
 
 SUPERVISOR = str(Path(__file__).with_name("hook_supervisor.py"))
 GRACE = 2.0  # seconds between SIGTERM and SIGKILL
@@ -113,13 +113,9 @@ def hook_failure(program: str, timeout: float, run: HookRun) -> str | None:
 def _named(run: HookRun) -> str:
     if not run.killed:
         return ""
-    names = [f"{entry['pid']} {_printable(entry['command'])}" for entry in run.killed[:NAMED]]
+    names = [f"{entry['pid']} {printable(entry['command'])}" for entry in run.killed[:NAMED]]
     more = len(run.killed) - NAMED + run.more
     return f" with what it started: {', '.join(names)}" + (f" and {more} more" if more > 0 else "")
-
-
-def _printable(text: str) -> str:
-    return "".join(char if char.isprintable() else "?" for char in text)
 
 
 class HookProcess:
@@ -225,7 +221,7 @@ class HookProcess:
             )  # fmt: skip
         for entry in run.killed:
             logger.warning(
-                "%s: ended pid %s (%s) with SIG%s", self.label, entry["pid"], _printable(entry["command"]),
+                "%s: ended pid %s (%s) with SIG%s", self.label, entry["pid"], printable(entry["command"]),
                 entry["signal"],
             )  # fmt: skip
         if run.more:

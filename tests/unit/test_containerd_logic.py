@@ -224,6 +224,12 @@ def test_control_characters_in_inputs_are_refused() -> None:
         "cdi_spec_dirs entry '/etc/cdi<U+0009>' contains a newline or another control character; "
         "give a plain absolute path",
     ]
+    # C1 too: U+009B is a terminal's escape on its own.
+    errors = plan(MAIN, {}, V17, Options(dropin_dir="/etc/containerd/\x9bx")).errors
+    assert errors == [
+        "dropin_dir '/etc/containerd/<U+009B>x' contains a newline or another control character; give a plain "
+        "absolute path"
+    ]
 
 
 def test_not_utf8_is_an_error_naming_the_byte() -> None:

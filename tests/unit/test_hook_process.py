@@ -216,3 +216,11 @@ def test_the_reason_names_what_was_killed_and_what_the_hook_said_last() -> None:
     )
     assert hook_failure("sh", 1, HookRun(exit=2)) == "sh exited 2 after 0.0 s: no output"
     assert hook_failure("sh", 1, HookRun(exit=0, killed=killed)) is None  # leftovers ended, and logged
+
+
+def test_a_killed_command_is_named_without_its_control_characters() -> None:
+    killed = [{"pid": 9, "command": "sh -c 'x\x1b[2J\ny\x9b'", "signal": "KILL"}]
+    assert hook_failure("sh", 2, HookRun(ended="timeout", killed=killed)) == (
+        "sh timed out after 2 s (gpunode_hook_timeout) and was killed with what it started: "
+        "9 sh -c 'x<U+001B>[2J<U+000A>y<U+009B>'"
+    )
