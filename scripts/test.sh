@@ -6,9 +6,10 @@
 # Usage: scripts/test.sh [--fast] [PYTEST ARGUMENTS...]
 #   --fast   only the tests that boot no test host: unit, fixture, real-binary and chroot tests
 # Without pytest arguments the suite runs as pytest processes side by side, each logging to a file that is
-# printed when all are done: the three shards of tests/conftest.py (the shared fleets' tests, the module
-# fleets' tests, and everything that boots no host); with --fast, two processes sharing the tests that
-# boot no host a module at a time (tests/claims.py). With pytest arguments, as one process.
+# printed when all are done: one per shard of tests/conftest.py (the shared fleets' tests, the module
+# fleets' tests, and everything that boots no host), the other two taking the module fleets' tests too
+# when done with their own, a module at a time (tests/claims.py); with --fast, two processes sharing the
+# tests that boot no host a module at a time. With pytest arguments, as one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=
@@ -26,8 +27,8 @@ if [ "$#" -gt 0 ]; then
 fi
 
 logs=$(mktemp -d /tmp/gpunode-tests.XXXXXX)
+mkdir "$logs/claims"
 if [ -n "$fast" ]; then
-    mkdir "$logs/claims"
     runs=(fast-1 fast-2)
 else
     runs=(session modules fast)
@@ -38,12 +39,12 @@ pids=()
 # tears its fleets and mounts down.
 set -m
 for run in "${runs[@]}"; do
-    if [ -n "$fast" ]; then
-        selection=(--shard fast --claim-modules="$logs/claims")
-    else
-        selection=(--shard "$run")
-    fi
-    .venv/bin/pytest "${selection[@]}" -p no:cacheprovider --basetemp "$logs/$run" --durations=25 \
+    case "$run" in
+        fast-*) selection=(--shard fast) ;;
+        modules) selection=(--shard modules) ;;
+        *) selection=(--shard "$run,modules") ;;
+    esac
+    .venv/bin/pytest "${selection[@]}" --claim-modules="$logs/claims" -p no:cacheprovider --basetemp "$logs/$run" --durations=25 \
         >"$logs/$run.log" 2>&1 &
     pids+=("$!")
     echo "$run: pytest $! (log $logs/$run.log)"

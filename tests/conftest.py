@@ -24,23 +24,38 @@ if importlib.util.find_spec("pyinfra_testing") is not None:
 
 # The suite's shards, which ``scripts/test.sh`` runs side by side: the tests of the session-long fleets
 # (``fleet``, ``vm_fleet``, the harness), those of the fleets a module boots for itself, and the rest
-# (unit, fixture, real-binary and chroot tests, which boot no host). They share no fleet, so no shard
-# waits for another's fleet lock, and at most one session fleet and one module fleet are up at once.
+# (unit, fixture, real-binary and chroot tests, which boot no host). No two shards share a session fleet;
+# the module fleets' tests may be shared by several processes a module at a time (``--shard fast,modules``
+# with ``--claim-modules``, tests/claims.py), their fleets kept within the machine's budget
+# (tests/fleet/budget.py).
 SHARDS = ("session", "modules", "fast")
+
+
+def shard_list(text: str) -> tuple[str, ...]:
+    """``--shard``'s value: one shard or several, comma-separated, each once."""
+    shards = tuple(text.split(","))
+    unknown = [shard for shard in shards if shard not in SHARDS]
+    if unknown or not shards or len(set(shards)) != len(shards):
+        raise pytest.UsageError(f"--shard takes one or more of {', '.join(SHARDS)}, comma-separated, got {text!r}")
+    return shards
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--shard", choices=SHARDS, default=None,
-        help="run one shard of the suite: session (tests of the shared fleets), modules (tests of the fleets "
-        "a module boots for itself) or fast (every test that boots no host)",
+        "--shard", default=None,
+        help="run one shard of the suite, or several comma-separated: session (tests of the shared fleets), "
+        "modules (tests of the fleets a module boots for itself) or fast (every test that boots no host); "
+        "the first shard's tests run in their order, a later shard's a module at a time from its last module",
     )  # fmt: skip
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """A shard is a background job of ``scripts/test.sh``, started with SIGINT ignored: it takes SIGINT again
     (so that an interrupt, which the script passes on, ends it with its fleets and mounts torn down)."""
-    if config.getoption("--shard") and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    shard = config.getoption("--shard")
+    if shard is not None:
+        shard_list(shard)
+    if shard is not None and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
@@ -56,13 +71,28 @@ def shard_of(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep the tiers honest: ``scripts/test.sh --fast`` deselects ``fleet`` and ``vm``, so a test that
     boots test hosts must carry one of those marks, and a chroot test must not hide among them. With
-    ``--shard``, only that shard's tests run."""
+    ``--shard``, only those shards' tests run (``in_shard_order``)."""
     _check_tiers(items)
     shard = config.getoption("--shard")
-    if shard:
-        deselected = [item for item in items if shard_of(item) != shard]
-        items[:] = [item for item in items if shard_of(item) == shard]
-        config.hook.pytest_deselected(items=deselected)
+    if shard is not None:
+        selected = in_shard_order(items, shard_list(shard))
+        chosen = {id(item) for item in selected}
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in chosen])
+        items[:] = selected
+
+
+def in_shard_order(items: list[pytest.Item], shards: tuple[str, ...]) -> list[pytest.Item]:
+    """The tests of ``shards``: the first shard's in their order, then each later shard's a module at a time
+    from its last module (a process that takes another's modules when done with its own starts where that
+    one, going from the first, arrives last); tests keep their order within a module."""
+    ordered = [item for item in items if shard_of(item) == shards[0]]
+    for shard in shards[1:]:
+        modules: dict[str, list[pytest.Item]] = {}
+        for item in items:
+            if shard_of(item) == shard:
+                modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+        ordered += [item for module in reversed(list(modules.values())) for item in module]
+    return ordered
 
 
 def _check_tiers(items: list[pytest.Item]) -> None:

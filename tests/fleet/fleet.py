@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import access, nspawn, preflight, processes, vm
+from . import access, budget, nspawn, preflight, processes, vm
 from .archive import archive_host
 from .identity import ensure_client_key, ensure_identity
 from .paths import fleet_dir, key_path
@@ -113,7 +113,12 @@ class Fleet:
                 if spec is None or not _matches(state, spec) or not _is_running(state):
                     self._remove_host(state)
             running = {state.name for state in self._states()}
-            to_boot = [self._new_state(spec) for spec in self.specs if spec.name not in running]
+            missing = [spec for spec in self.specs if spec.name not in running]
+            to_boot = []
+            if missing:
+                nspawn_hosts = sum(not spec.vm for spec in self.specs)
+                with budget.room_for(self.name, nspawn_hosts, self.directory.parent):
+                    to_boot = [self._new_state(spec) for spec in missing]
             if any(not spec.vm for spec in self.specs):
                 self._ensure_archive_relay()
             for state in to_boot:

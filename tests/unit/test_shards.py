@@ -53,3 +53,32 @@ def test_fleet_tests_are_split_by_the_fleet_they_use(listing: dict[str, tuple[st
         assert "def fleet(" not in (REPO / path).read_text(), f"{path} uses the shared fleets"
     assert "tests/integration/test_gpu_node_fleet.py" in session
     assert "tests/integration/test_rollout_batches_fleet.py" in modules
+
+
+def test_a_later_shard_runs_a_module_at_a_time_from_its_last_module(
+    listing: dict[str, tuple[str, set[str]]],
+) -> None:
+    """``--shard session,modules``: the session shard's tests in their order, then the module fleets' tests
+    with their modules in reverse order, each module's tests in theirs (a process taking another's modules
+    starts where that one arrives last)."""
+    order = [line for line in collected("--shard", "session,modules") if line.startswith("tests/")]
+    session = [node_id for node_id, (shard, _) in listing.items() if shard == "session"]
+    modules: dict[str, list[str]] = {}
+    for node_id, (shard, _) in listing.items():
+        if shard == "modules":
+            modules.setdefault(node_id.split("::")[0], []).append(node_id)
+    assert len(modules) > 1
+    assert order == session + [node_id for module in reversed(list(modules.values())) for node_id in module]
+
+
+@pytest.mark.parametrize("value", ["quick", "fast,fast", "fast,", ""])
+def test_a_shard_list_naming_no_shard_is_refused(value: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", f"--shard={value}",
+         "tests/unit/test_shards.py"],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert f"--shard takes one or more of session, modules, fast, comma-separated, got {value!r}" in (
+        result.stdout + result.stderr
+    )
