@@ -7,9 +7,10 @@
 #   --fast   only the tests that boot no test host: unit, fixture, real-binary and chroot tests
 # Without pytest arguments the suite runs as pytest processes side by side, each logging to a file that is
 # printed when all are done: one per shard of tests/conftest.py (the shared fleets' tests, the module
-# fleets' tests, and everything that boots no host), the other two taking the module fleets' tests too
-# when done with their own, a module at a time (tests/claims.py); with --fast, two processes sharing the
-# tests that boot no host a module at a time. With pytest arguments, as one process.
+# fleets' tests, and everything that boots no host, then the qemu host's), the other two taking the
+# module fleets' tests too when done with their own, a module at a time (tests/claims.py); with --fast,
+# two processes sharing the tests that boot no host a module at a time. With pytest arguments, as one
+# process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=
@@ -42,7 +43,8 @@ for run in "${runs[@]}"; do
     case "$run" in
         fast-*) selection=(--shard fast) ;;
         modules) selection=(--shard modules) ;;
-        *) selection=(--shard "$run,modules") ;;
+        session) selection=(--shard "session,modules") ;;
+        fast) selection=(--shard "fast,vm,modules") ;;
     esac
     .venv/bin/pytest "${selection[@]}" --claim-modules="$logs/claims" -p no:cacheprovider --basetemp "$logs/$run" --durations=25 \
         >"$logs/$run.log" 2>&1 &

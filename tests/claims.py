@@ -5,6 +5,10 @@ after the module in ``DIR`` (``O_EXCL``: exactly one process gets each); a proce
 when it reaches the last test of the one it runs, so the modules go to whichever process is free, and the
 slow ones spread without a table of durations. Module fixtures are set up by the one process that runs
 the module; session fixtures by each process that needs them. ``scripts/test.sh --fast`` runs two.
+
+Processes may select different tests (``--shard``): a test's claim group (``CLAIM_GROUP`` in its stash,
+its shard) is part of what is claimed, so that a module holding tests of two groups is claimed once per
+group, and no process claims a module for its own tests while another selected the module's other tests.
 """
 
 from __future__ import annotations
@@ -23,8 +27,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )  # fmt: skip
 
 
+CLAIM_GROUP = pytest.StashKey[str]()
+
+
 def claim(directory: Path, module: str) -> bool:
-    """Whether this process is the first to claim ``module`` in ``directory``."""
+    """Whether this process is the first to claim ``module`` (a claim group's module) in ``directory``."""
     try:
         os.close(os.open(directory / module.replace("/", "%"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
@@ -33,7 +40,10 @@ def claim(directory: Path, module: str) -> bool:
 
 
 def _module(item: pytest.Item) -> str:
-    return item.nodeid.split("::", 1)[0]
+    """What the process claims to run ``item``: its module, after its claim group where it has one."""
+    module = item.nodeid.split("::", 1)[0]
+    group = item.stash.get(CLAIM_GROUP, None)
+    return module if group is None else f"{group}:{module}"
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -23,12 +23,14 @@ if importlib.util.find_spec("pyinfra_testing") is not None:
 
 
 # The suite's shards, which ``scripts/test.sh`` runs side by side: the tests of the session-long fleets
-# (``fleet``, ``vm_fleet``, the harness), those of the fleets a module boots for itself, and the rest
-# (unit, fixture, real-binary and chroot tests, which boot no host). No two shards share a session fleet;
-# the module fleets' tests may be shared by several processes a module at a time (``--shard fast,modules``
-# with ``--claim-modules``, tests/claims.py), their fleets kept within the machine's budget
-# (tests/fleet/budget.py).
-SHARDS = ("session", "modules", "fast")
+# (``fleet``, the harness), those of the qemu host (``vm_fleet``), those of the fleets a module boots for
+# itself, and the rest (unit, fixture, real-binary and chroot tests, which boot no host). A process may
+# run several (``--shard fast,vm,modules``); with ``--claim-modules`` (tests/claims.py) processes share a
+# shard a module at a time, their fleets kept within the machine's budget (tests/fleet/budget.py).
+SHARDS = ("session", "vm", "modules", "fast")
+# The longest module fleets, which the process owning the modules shard runs first: the processes taking
+# its modules when done with their own start from its last module, and find short ones there.
+LONGEST_FIRST = ("tests/integration/test_rollout_turns_fleet.py", "tests/integration/test_rollout_batches_fleet.py")
 
 
 def shard_list(text: str) -> tuple[str, ...]:
@@ -43,9 +45,10 @@ def shard_list(text: str) -> tuple[str, ...]:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--shard", default=None,
-        help="run one shard of the suite, or several comma-separated: session (tests of the shared fleets), "
-        "modules (tests of the fleets a module boots for itself) or fast (every test that boots no host); "
-        "the first shard's tests run in their order, a later shard's a module at a time from its last module",
+        help="run one shard of the suite, or several comma-separated: session (tests of the shared fleets), vm "
+        "(tests of the qemu host), modules (tests of the fleets a module boots for itself) or fast (every test "
+        "that boots no host); the first shard's tests run first, a later shard's a module at a time from its "
+        "last module",
     )  # fmt: skip
 
 
@@ -60,9 +63,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def shard_of(item: pytest.Item) -> str:
-    """The shard a test belongs to: ``fast`` unless it is marked ``fleet`` or ``vm``; ``modules`` where its
-    module defines a ``fleet`` fixture of its own; else ``session``."""
-    if not (item.get_closest_marker("fleet") or item.get_closest_marker("vm")):
+    """The shard a test belongs to: ``vm`` where it is marked ``vm``; ``fast`` unless it is marked ``fleet``;
+    ``modules`` where its module defines a ``fleet`` fixture of its own; else ``session``."""
+    if item.get_closest_marker("vm"):
+        return "vm"
+    if not item.get_closest_marker("fleet"):
         return "fast"
     module = getattr(item, "module", None)
     return "modules" if module is not None and "fleet" in vars(module) else "session"
@@ -75,23 +80,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _check_tiers(items)
     shard = config.getoption("--shard")
     if shard is not None:
+        from tests.claims import CLAIM_GROUP  # here: imported before pytest_plugins, it would not be rewritten
+
         selected = in_shard_order(items, shard_list(shard))
+        for item in selected:
+            item.stash[CLAIM_GROUP] = shard_of(item)
         chosen = {id(item) for item in selected}
         config.hook.pytest_deselected(items=[item for item in items if id(item) not in chosen])
         items[:] = selected
 
 
 def in_shard_order(items: list[pytest.Item], shards: tuple[str, ...]) -> list[pytest.Item]:
-    """The tests of ``shards``: the first shard's in their order, then each later shard's a module at a time
-    from its last module (a process that takes another's modules when done with its own starts where that
-    one, going from the first, arrives last); tests keep their order within a module."""
-    ordered = [item for item in items if shard_of(item) == shards[0]]
-    for shard in shards[1:]:
+    """The tests of ``shards``, a module at a time, tests in their order within a module: the first shard's
+    modules in their order (those in ``LONGEST_FIRST`` first), then each later shard's from its last module
+    (a process that takes another's modules when done with its own starts where that one arrives last)."""
+    ordered: list[pytest.Item] = []
+    for position, shard in enumerate(shards):
         modules: dict[str, list[pytest.Item]] = {}
         for item in items:
             if shard_of(item) == shard:
                 modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-        ordered += [item for module in reversed(list(modules.values())) for item in module]
+        if position == 0:
+            rank = {name: position for position, name in enumerate(LONGEST_FIRST)}
+            names = sorted(modules, key=lambda name: rank.get(name, len(rank)))
+        else:
+            names = list(reversed(modules))
+        ordered += [item for name in names for item in modules[name]]
     return ordered
 
 

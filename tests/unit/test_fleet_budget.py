@@ -20,7 +20,7 @@ def host(fleets: Path, fleet: str, name: str, vm: bool = False) -> None:
 def test_capacity_is_the_inotify_limit_over_a_hosts_share(tmp_path: Path) -> None:
     limit = tmp_path / "max_user_instances"
     limit.write_text("128\n")
-    assert capacity(limit) == 11
+    assert capacity(limit) == 12
     limit.write_text("8\n")
     assert capacity(limit) == 1
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import LONGEST_FIRST
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -41,9 +43,10 @@ def test_a_shard_runs_exactly_its_own_tests(listing: dict[str, tuple[str, set[st
 
 
 def test_fleet_tests_are_split_by_the_fleet_they_use(listing: dict[str, tuple[str, set[str]]]) -> None:
-    assert {shard for shard, _ in listing.values()} == {"session", "modules", "fast"}
+    assert {shard for shard, _ in listing.values()} == {"session", "vm", "modules", "fast"}
     for node_id, (shard, marks) in listing.items():
         assert (shard == "fast") == (not marks), f"{node_id}: in {shard} with marks {marks}"
+        assert (shard == "vm") == ("vm" in marks), f"{node_id}: in {shard} with marks {marks}"
     modules = {node_id.split("::")[0] for node_id, (shard, _) in listing.items() if shard == "modules"}
     session = {node_id.split("::")[0] for node_id, (shard, _) in listing.items() if shard == "session"}
     assert not modules & session, "a test module's fleet tests stay in one shard"
@@ -79,6 +82,14 @@ def test_a_shard_list_naming_no_shard_is_refused(value: str) -> None:
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip
     assert result.returncode != 0
-    assert f"--shard takes one or more of session, modules, fast, comma-separated, got {value!r}" in (
+    assert f"--shard takes one or more of session, vm, modules, fast, comma-separated, got {value!r}" in (
         result.stdout + result.stderr
     )
+
+
+def test_the_modules_shard_runs_its_longest_modules_first(listing: dict[str, tuple[str, set[str]]]) -> None:
+    order = [line.split("::")[0] for line in collected("--shard", "modules") if line.startswith("tests/")]
+    modules = list(dict.fromkeys(order))
+    assert modules[: len(LONGEST_FIRST)] == list(LONGEST_FIRST)
+    assert sorted(modules[len(LONGEST_FIRST) :]) == modules[len(LONGEST_FIRST) :]
+    assert set(modules) == {node_id.split("::")[0] for node_id, (shard, _) in listing.items() if shard == "modules"}
