@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +26,8 @@ INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
 # headroom for the daemons the chroot and real-binary tests start beside them.
 INSTANCES_PER_HOST = 10
 WAIT_LIMIT = 1800.0  # seconds a fleet waits for room before its boot fails
+
+log = logging.getLogger(__name__)
 
 
 class BudgetExceeded(RuntimeError):
@@ -65,6 +68,7 @@ def room_for(
     once the other fleets leave room for them; waits (lock released) while they do not."""
     fleets.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + wait_limit
+    waited = False
     with open(fleets.parent / "fleet-budget.lock", "w") as lock:
         while True:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -77,6 +81,9 @@ def room_for(
                     fcntl.flock(lock, fcntl.LOCK_UN)
                 return
             fcntl.flock(lock, fcntl.LOCK_UN)
+            if not waited:
+                log.info("fleet %s (%d nspawn hosts) waits for room: %s up, room for %d", fleet, hosts, others, room)
+                waited = True
             if time.monotonic() > deadline:
                 up = ", ".join(f"{name} ({count})" for name, count in others.items())
                 raise BudgetExceeded(

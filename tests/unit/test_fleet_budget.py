@@ -44,7 +44,7 @@ def test_a_fleet_that_fits_goes_at_once(tmp_path: Path) -> None:
     assert slept == []
 
 
-def test_a_fleet_past_the_budget_waits_until_another_is_down(tmp_path: Path) -> None:
+def test_a_fleet_past_the_budget_waits_until_another_is_down(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     fleets = tmp_path / "fleets"
     for name in ("bt1", "bt2", "bt3"):
         host(fleets, "batches", name)
@@ -56,9 +56,13 @@ def test_a_fleet_past_the_budget_waits_until_another_is_down(tmp_path: Path) -> 
         if len(slept) == 3:
             shutil.rmtree(fleets / "batches")
 
+    caplog.set_level("INFO", logger="tests.fleet.budget")
     with room_for("turns", 3, fleets, limit=lambda: 5, sleep=batches_go_down):
         assert not (fleets / "batches").exists()
     assert len(slept) == 3
+    assert caplog.messages == [
+        "fleet turns (3 nspawn hosts) waits for room: {'batches': 3, 'default': 1} up, room for 5"
+    ]
 
 
 def test_a_fleet_that_never_finds_room_fails_naming_the_fleets_up(tmp_path: Path) -> None:
