@@ -2,40 +2,26 @@
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import posixpath
-from collections.abc import Generator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pyinfra import host, state
-from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, OperationValueError, QuoteString, StringCommand, operation
 from pyinfra.facts.files import File
 
-from pyinfra_gpunode import k0s, rancher, shell
-from pyinfra_gpunode.containerd_dropin import MODES, OUR_DROPIN, Options, Plan, plan, same_meaning, staged_imports
+from pyinfra_gpunode import shell
+from pyinfra_gpunode.containerd_dropin import MODES, OUR_DROPIN
 from pyinfra_gpunode.containerd_dump import (
     CriLoaded,
-    candidate_losses,
     expected_after_restart,
-    nri_losses,
     restart_problem,
-    runc_runtime,
     summarize,
 )
 from pyinfra_gpunode.containerd_files import (
     CONFIG_ROOT,
-    ConfigTree,
-    links_in_the_way,
-    load_order,
-    missing_imports,
-    not_regular_files,
-    resolve_tree,
-    strictest_mode,
 )
-from pyinfra_gpunode.cri_rules import cri_start_findings, import_findings, stopping
 from pyinfra_gpunode.facts.containerd import (
     ContainerdCandidateDump,
     ContainerdConfigDump,
@@ -45,33 +31,30 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdService,
     ContainerdServiceInfo,
     DumpInfo,
-    candidate_input,
     cri_address,
 )
 from pyinfra_gpunode.facts.k0s import K0sCandidateDump, K0sContainerd
-from pyinfra_gpunode.facts.k0s import candidate_input as k0s_candidate_input
 from pyinfra_gpunode.facts.rancher import RancherCandidateDump, RancherContainerd, RancherContainerdInfo
-from pyinfra_gpunode.log import logger, printable
+from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
-from pyinfra_gpunode.operations._shared import DEFAULT_BINARY, decided_once, facts_unchanged, node_fact
-from pyinfra_gpunode.operator import handler_problem
+from pyinfra_gpunode.operations._registration import (
+    Read,
+    Registration,
+    attempt,
+    bound_arguments,
+    cri_start_problem,
+    judge,
+)
+from pyinfra_gpunode.operations._shared import decided_once, facts_unchanged, node_fact
 from pyinfra_gpunode.platform import (
-    K0S_CONFIG,
     K0S_DROPINS,
     ContainerdPlatformInfo,
-    rancher_config,
-    rancher_note,
-    rancher_nvidia,
-    rancher_restart_reason,
-    rancher_unapplied,
-    runtime_requests,
 )
-from pyinfra_gpunode.platform import refusal as platform_refusal
-from pyinfra_gpunode.redaction import redacted
-from pyinfra_gpunode.rollout import TurnMark, parse_turn_mark
+from pyinfra_gpunode.rollout import parse_turn_mark
 from pyinfra_gpunode.settings import CONTAINERD_MODE, DROPIN_DIR, RESTART_TIMEOUT, RUNTIME_BINARY, RUNTIME_HANDLER
 
+T = TypeVar("T")
 BACKUP_DIR = "/var/lib/pyinfra-gpunode/backup"  # mode 0700: the files can carry registry credentials
 FAILED_DIR = "/var/lib/pyinfra-gpunode/failed"  # mode 0700, like the backups
 
@@ -81,68 +64,23 @@ def _check_absolute(name: str, value: str) -> None:
         raise OperationValueError(f"{name} must be an absolute path, got {value!r}")
 
 
-@dataclass
-class Registration:
-    """The node's containerd config measured against the nvidia runtime registration."""
-
-    problem: str | None = None  # why nothing may be written
-    installed: bool = True
-    writes: dict[str, str] = field(default_factory=dict)  # path -> new text
-    current: dict[str, str] = field(default_factory=dict)  # path -> text on the node
-    modes: dict[str, str] = field(default_factory=dict)  # path -> mode it is written with
-    owners: dict[str, str] = field(default_factory=dict)  # path -> owner:group it is written with
-    service: ContainerdServiceInfo | None = None
-    # Runtimes the written files no longer define because the file defining them was removed.
-    dropped_runtimes: list[str] = field(default_factory=list)
-    restart_reason: str | None = None  # why the running daemon must be restarted (``restart_reason``)
-    # Why the node's config as it is now would not start the CRI plugin (``cri_start_problem``).
-    current_cri_problem: str | None = None
-    # k3s or RKE2, which add the nvidia runtime themselves: nothing is written, their unit restarted.
-    platform: ContainerdPlatformInfo | None = None
-    note: str | None = None  # what the step says when it has nothing to write
-    # The mark of a rollout turn an earlier run began here and did not end, and why its content was not used.
-    turn_mark: TurnMark | None = None
-    turn_mark_problem: str | None = None
-    mode_line: str | None = None  # NRI mode: what the plan says of it
-
-    @property
-    def restart_pending(self) -> bool:
-        return self.restart_reason is not None
-
-    def _mode_note(self, path: str) -> str:
-        mode = self.modes.get(path, "644")
-        return "" if mode == "644" else f", mode {mode}"
-
-    def diff(self) -> str:
-        """The planned changes as a unified diff, credential values redacted."""
-        return "".join(
-            "".join(
-                difflib.unified_diff(
-                    redacted(self.current.get(path, "")).splitlines(keepends=True),
-                    redacted(text).splitlines(keepends=True),
-                    fromfile=f"{path} (node)",
-                    tofile=f"{path} (planned{self._mode_note(path)})",
-                )
-            )
-            for path, text in self.writes.items()
-        )
-
-
 def registration(**arguments: Any) -> Registration:
     """Read the node's containerd facts and judge the planned files (``nvidia_runtime``'s arguments), with
     the mark of a rollout turn an earlier run left unfinished on the node: once per node read (the candidate
-    config is staged and judged once), whether the plan, the rollout or the step asks."""
-    bound = inspect.signature(_registration).bind(**arguments)
-    bound.apply_defaults()
-    _check_arguments(**bound.arguments)
-    node = node_fact(ContainerdNodeState, binary=bound.arguments["binary"])
+    config is staged and judged once), whether the plan, the rollout or the step asks. The judgement is
+    ``_registration.judge``'s; this makes the reads it asks for and says what it says."""
+    arguments = bound_arguments(**arguments)
+    _check_arguments(**arguments)
+    node = node_fact(ContainerdNodeState, binary=arguments["binary"])
 
     def judged() -> Registration:
-        found = _registration(**bound.arguments)
+        found = _settled(lambda values: judge(arguments, values))
+        for level, message in found.said:
+            logger.log(level, "%s%s", host.print_prefix, message)
         found.turn_mark, found.turn_mark_problem = parse_turn_mark(node.get("turn", []))
         return found
 
-    return decided_once("registration", node, repr(sorted(bound.arguments.items())), judged)
+    return decided_once("registration", node, repr(sorted(arguments.items())), judged)
 
 
 def _check_arguments(mode: str, binary: str, dropin_dir: str, cdi_spec_dirs: list[str] | None, **_: Any) -> None:
@@ -155,349 +93,44 @@ def _check_arguments(mode: str, binary: str, dropin_dir: str, cdi_spec_dirs: lis
         _check_absolute("cdi_spec_dirs entry", spec_dir)
 
 
-def _registration(
-    binary: str = DEFAULT_BINARY,
-    systemd_cgroup: bool | None = None,
-    default_runtime: bool = False,
-    cdi_spec_dirs: list[str] | None = None,
-    dropin_dir: str = DROPIN_DIR,
-    binary_required: bool = False,
-    enable_cdi: bool | None = None,
-    handler: str = RUNTIME_HANDLER,
-    mode: str = CONTAINERD_MODE,
-    enable_nri: bool | None = None,
-) -> Registration:
-    node = node_fact(ContainerdNodeState, binary=binary)
-    owned = platform_refusal(node.get("platform"))  # k3s, RKE2, k0s, EKS nodeadm: their config, not ours
-    if owned:
-        return Registration(owned)
-    if rancher_nvidia(node.get("platform")):
-        requests = runtime_requests(
-            binary=binary, handler=handler, systemd_cgroup=systemd_cgroup, default_runtime=default_runtime,
-            enable_cdi=enable_cdi, cdi_spec_dirs=cdi_spec_dirs, mode=mode, enable_nri=enable_nri,
-        )  # fmt: skip
-        tree = _rancher_tree(node["platform"])  # read once: refusal, our drop-in, the plan all use it
-        refused = rancher_refusal(node["platform"], requests, tree)
-        if refused:
-            return Registration(refused)
-        written = tree is not None and rancher.dropin_path(node["platform"]["name"] or "") in tree["texts"]
-        if tree is not None and (rancher_unapplied(node["platform"], requests) or written):
-            return _rancher_dropin_registration(node["platform"], requests, handler, tree)
-        return _rancher_registration(node["platform"])
-    if (node.get("platform") or {}).get("name") == "k0s":
-        k0s_options = Options(
-            binary=binary,
-            systemd_cgroup=systemd_cgroup,
-            default_runtime=default_runtime,
-            cdi_spec_dirs=None if cdi_spec_dirs is None else tuple(cdi_spec_dirs),
-            enable_cdi=enable_cdi,
-            mode=mode,
-            enable_nri=enable_nri,
-        )
-        return _k0s_registration(node["platform"], k0s_options, handler, binary_required, node["binary_present"])
-    version, files, before = node["version"], node["files"], node["dump"]
-    if not version:
-        return Registration(
-            "containerd is not installed: install it before registering the nvidia runtime", installed=False
-        )
-    not_files = not_regular_files([files["main_path"], OUR_DROPIN], files["kinds"])
-    if not_files:
-        return Registration(
-            "containerd config not changed: "
-            + "; ".join(not_files)
-            + ": gpunode writes regular files only; move it away or replace it with a file"
-        )
-    options = Options(
-        binary=binary,
-        systemd_cgroup=systemd_cgroup,
-        default_runtime=default_runtime,
-        cdi_spec_dirs=None if cdi_spec_dirs is None else tuple(cdi_spec_dirs),
-        dropin_dir=dropin_dir.rstrip("/"),
-        enable_cdi=enable_cdi,
-        mode=mode,
-        enable_nri=enable_nri,
-    )
-    before_dump = before["dump"] if before else {}
-    current_cri_problem = cri_start_problem(before, files["main_path"], files["texts"])
-    result = plan(files["main_path"], files["texts"], version, options, runc_runtime(before_dump))
-    if result.errors:
-        return Registration("containerd config not changed: " + "; ".join(result.errors))
-    for warning in result.warnings:
-        logger.warning("%s%s", host.print_prefix, warning)
-    for line in result.dropped_lines:
-        logger.info("%s%s", host.print_prefix, line)
-    nri = mode == "nri"
-    mode_line = result.mode_line or None
-
-    if not node["binary_present"] and not nri:  # NRI mode runs no nvidia runtime binary
-        message = f"nvidia runtime binary {binary} is missing on the node"
-        if binary_required:
-            return Registration(f"containerd config not changed: {message} (gpunode_runtime_binary_required)")
-        if default_runtime:
-            return Registration(
-                f"containerd config not changed: {message}, and making nvidia the default "
-                "runtime (gpunode_nvidia_default_runtime) would fail every pod without a "
-                "RuntimeClass: install the runtime first"
-            )
-        logger.warning(
-            "%s%s; containers using the nvidia runtime will fail until it is installed", host.print_prefix, message
-        )
-
-    # A written file keeps its mode, owner and group; ours is as strict as the files whose keys it
-    # carries (registry credentials), never looser than it is.
-    modes = {
-        result.config_path: files["modes"].get(result.config_path, "644"),
-        OUR_DROPIN: strictest_mode(
-            [files["modes"][path] for path in result.sources if path in files["modes"]],
-            base=files["modes"].get(OUR_DROPIN, "644"),
-        ),
-    }
-    # The drop-in first: config.toml imports it by name, and containerd (1.6 to 2.x) does not start on a
-    # config that names a missing file, so a run cut off between the two writes leaves one that still starts.
-    writes = {
-        path: text
-        for path, text in ((OUR_DROPIN, result.dropin_text), (result.config_path, result.config_text))
-        if not same_meaning(path, files["texts"].get(path), text)
-        or files["modes"].get(path, modes[path]) != modes[path]
-    }
-    current = {path: files["texts"][path] for path in writes if path in files["texts"]}
-    if not writes:
-        summary = before["summary"] if before and not before["error"] else None
-        problem = (
-            handler_problem(summary["runtimes"], handler, binary)
-            if summary and handler != "nvidia" and not nri
-            else None
-        )
-        return Registration(
-            "containerd config not changed: " + problem if problem else None,
-            service=node["service"],
-            restart_reason=restart_reason(node["service"], node["dump"]),
-            current_cri_problem=current_cri_problem,
-            mode_line=mode_line,
-        )
-    links = links_in_the_way(list(writes), files["links"])
-    if links:
-        return Registration(
-            "containerd config not changed: "
-            + "; ".join(links)
-            + ": gpunode writes real files only, never through a link; "
-            "replace the link with the file or directory it points to"
-        )
-
-    after = host.get_fact(
-        ContainerdCandidateDump,
-        config_path=result.config_path,
-        dropin_path=OUR_DROPIN,
-        _stdin=candidate_input(staged_imports(result.config_text), result.dropin_text),
-    )
-    found = Registration(
-        writes=writes,
-        current=current,
-        modes={path: modes[path] for path in writes},
-        owners={path: files["owners"].get(path, "root:root") for path in writes},
-        current_cri_problem=current_cri_problem,
-        mode_line=mode_line,
-    )
-    candidate_tree = resolve_tree(
-        result.config_path, {**files["texts"], result.config_path: result.config_text, OUR_DROPIN: result.dropin_text}
-    )
-    found.problem = _candidate_problem(before, after, candidate_tree, result, binary, handler, nri)
-    if found.problem:
-        return found
-    assert after is not None and after["summary"] is not None  # a dump without an error has its summary
-    found.service = node["service"]
-    found.restart_reason = restart_reason(node["service"], node["dump"])
-    found.dropped_runtimes = sorted(set(summarize(before_dump)["runtimes"]) - set(after["summary"]["runtimes"]))
-    return found
+# The facts behind the reads a judgement asks for (``_registration.Read``); the node's own and its CRI
+# plugin's state come from a current shared read where one holds them (``node_fact``).
+_FACTS: dict[str, type[FactBase[Any]]] = {
+    "node": ContainerdNodeState,
+    "cri": ContainerdCriLoaded,
+    "k0s": K0sContainerd,
+    "rancher": RancherContainerd,
+    "candidate": ContainerdCandidateDump,
+    "k0s candidate": K0sCandidateDump,
+    "rancher candidate": RancherCandidateDump,
+}
+_SHARED = ("node", "cri")
 
 
-def _k0s_registration(
-    info: ContainerdPlatformInfo, options: Options, handler: str, binary_required: bool, binary_present: bool
-) -> Registration:
-    """A k0s node whose ``/etc/k0s/containerd.toml`` k0s manages: our drop-in in ``/etc/k0s/containerd.d``,
-    planned as on containerd 2.x (version 3, plugin ``io.containerd.cri.v1.runtime``) and judged by k0s'
-    own containerd on a staged copy of its tree, never written here (the write restarts k0s' containerd:
-    ``platform.runtime_dropin_applied`` writes it in the node's turn)."""
-    node = host.get_fact(K0sContainerd)
-    layout = k0s.layout_problem(node["version"], node["texts"])
-    if layout:
-        return Registration(k0s.refusal(info["evidence"], layout), platform=info)
-    version, texts, before = node["version"], node["texts"], node["dump"]
-    assert version is not None  # layout_problem refuses a node without k0s' containerd
-    if before is None or before["error"]:
-        error = before["error"] if before else "no dump"
-        return Registration(f"containerd config not changed: k0s' containerd does not load {K0S_CONFIG}: {error}")
-    mine = k0s.options(options)
-    result = plan(K0S_CONFIG, texts, version, mine, runc_runtime(before["dump"]))
-    errors = result.errors or k0s.dropin_problems(result.dropin_text)
-    if errors:
-        return Registration("containerd config not changed: " + "; ".join(errors), platform=info)
-    for warning in result.warnings:
-        logger.warning("%s%s", host.print_prefix, warning)
-    nri = options.mode == "nri"
-    if not binary_present and not nri:
-        message = f"nvidia runtime binary {options.binary} is missing on the node"
-        if binary_required or options.default_runtime:
-            return Registration(f"containerd config not changed: {message}", platform=info)
-        logger.warning(
-            "%s%s; containers using the nvidia runtime will fail until it is installed", host.print_prefix, message
-        )
-    current_cri_problem = cri_start_problem(before, K0S_CONFIG, texts, k0s.ROOT)
-    mode = strictest_mode([], base=node["modes"].get(k0s.DROPIN, "644"))
-    # Our drop-in compared as ``containerd.nvidia_runtime`` compares its own: account lines do not count.
-    if same_meaning(OUR_DROPIN, texts.get(k0s.DROPIN), result.dropin_text):
-        summary = before["summary"]
-        problem = handler_problem(summary["runtimes"], handler, options.binary) if summary and not nri else None
-        return Registration(
-            "containerd config not changed: " + problem if problem else None,
-            platform=info,
-            current_cri_problem=current_cri_problem,
-            mode_line=result.mode_line or None,
-        )
-    main = staged_imports(texts[K0S_CONFIG], root=k0s.ROOT)
-    after = host.get_fact(
-        K0sCandidateDump, dropin_path=k0s.DROPIN, _stdin=k0s_candidate_input(main, result.dropin_text)
-    )
-    candidate_tree = resolve_tree(K0S_CONFIG, {**texts, k0s.DROPIN: result.dropin_text}, k0s.ROOT)
-    found = Registration(
-        writes={k0s.DROPIN: result.dropin_text},
-        current={k0s.DROPIN: texts[k0s.DROPIN]} if k0s.DROPIN in texts else {},
-        modes={k0s.DROPIN: mode},
-        owners={k0s.DROPIN: "root:root"},
-        platform=info,
-        current_cri_problem=current_cri_problem,
-        mode_line=result.mode_line or None,
-        note=k0s.write_line(info["unit"]),
-    )
-    found.problem = _candidate_problem(before, after, candidate_tree, result, options.binary, handler, nri)
-    return found
-
-
-def _candidate_problem(
-    before: DumpInfo | None,
-    after: DumpInfo | None,
-    candidate_tree: ConfigTree,
-    result: Plan,
-    binary: str,
-    handler: str,
-    nri: bool,
-) -> str | None:
-    """Why the candidate tree (merged by the node's own containerd as ``after``) may not be written: it does
-    not load, the CRI plugin's start rules refuse it, it loses what the node has now (``before``), or the
-    handler's runtime is not ``binary``; ``None`` when it may."""
-    if after is None or after["error"]:
-        return (
-            "containerd config not changed: containerd rejects the candidate config: "
-            f"{after['error'] if after else 'no dump'}"
-        )
-    refused = cri_start_findings(after["dump"], load_order(candidate_tree))
-    if refused:
-        return "containerd config not changed: by the CRI plugin's start rules, the candidate config: " + (
-            "; ".join(finding.message for finding in refused)
-        )
-    losses = candidate_losses(
-        before["dump"] if before else {},
-        after["dump"],
-        before["warnings"] if before else [],
-        after["warnings"],
-        result.intended,
-        binary,
-        result.user_set,
-        result.dropped,
-        runtime_expected=not nri,
-    ) + nri_losses(after["dump"], result.nri_expected, result.nri_user_set)
-    if losses:
-        problem = "containerd config not changed: the candidate would lose: " + "; ".join(losses)
-        if result.provenance_unknown:
-            problem += (
-                f" ({result.dropin_path} does not record which file each key it carries came from, so a "
-                "removed drop-in cannot be told from a loss: put the drop-in back, run once, then "
-                "remove it again)"
-            )
-        return problem
-    assert after["summary"] is not None  # a dump without an error has its summary
-    handler_missing = None if nri else handler_problem(after["summary"]["runtimes"], handler, binary)
-    return "containerd config not changed: " + handler_missing if handler_missing else None
+def _settled(decide: Callable[[Mapping[Read, Any]], T | Read]) -> T:
+    """What ``decide`` comes to once it has every read it asks for, each made once, in the order asked."""
+    values: dict[Read, Any] = {}
+    while True:
+        outcome = decide(values)
+        if not isinstance(outcome, Read):
+            return outcome
+        arguments: dict[str, Any] = dict(outcome.arguments)
+        if "stdin" in arguments:
+            arguments["_stdin"] = arguments.pop("stdin")
+        fact = _FACTS[outcome.fact]
+        values[outcome] = node_fact(fact, **arguments) if outcome.fact in _SHARED else host.get_fact(fact, **arguments)
 
 
 def rancher_refusal(
     info: ContainerdPlatformInfo | None, requests: Mapping[str, object], tree: RancherContainerdInfo | None = None
 ) -> str | None:
-    """Why a k3s or RKE2 node whose agent adds the nvidia runtime itself is refused for host data it asks
-    beyond that (``platform.rancher_unapplied``), or ``None``: also where a drop-in in the agent's
-    ``config-v3.toml.d`` applies it all (the agent's containerd 2.x, its generated config version 3
-    importing that directory, nvidia already in it, no binary other than the one the agent finds).
-    ``tree``: the ``RancherContainerd`` read the caller has (read here where it has none)."""
-    unapplied = rancher_unapplied(info, requests)
-    if not unapplied or not info or rancher_nvidia(info) != "present" or not rancher.appliable(requests, info):
-        return unapplied
-    program = info["name"] or ""
-    node = tree or host.get_fact(RancherContainerd, program=program)
-    layout = rancher.layout_problem(node["version"], node["texts"].get(rancher_config(program)), program)
-    return unapplied if layout else None
+    """``_registration``'s ``rancher_refusal``, with the agent's tree read where it needs it."""
+    return _settled(lambda values: attempt(lambda judging: judging.rancher_refusal(info, requests, tree), values))
 
 
-def _rancher_tree(info: ContainerdPlatformInfo | None) -> RancherContainerdInfo | None:
-    """The agent's containerd files, dump and processes, where it adds the nvidia runtime itself (only then
-    can a drop-in of ours apply, or one an earlier run left be planned again); else ``None``."""
-    if not info or rancher_nvidia(info) != "present":
-        return None
-    return host.get_fact(RancherContainerd, program=info["name"] or "")
-
-
-def _rancher_dropin_registration(
-    info: ContainerdPlatformInfo, requests: dict[str, object], handler: str, node: RancherContainerdInfo
-) -> Registration:
-    """A k3s or RKE2 node whose agent adds the nvidia runtime itself and host data asks for more
-    (``requests``), where a drop-in applies it (``rancher_refusal``): our drop-in in the agent's
-    ``config-v3.toml.d`` with only the keys asked, judged by the agent's own containerd on a staged copy of
-    the generated config and the directory, never written here (it takes a restart of the agent's unit:
-    ``platform.runtime_dropin_applied`` writes it in the node's turn)."""
-    program = info["name"] or ""
-    config, path = rancher_config(program), rancher.dropin_path(program)
-    texts, before = node["texts"], node["dump"]
-    if before is None or before["error"]:
-        error = before["error"] if before else "no dump"
-        return Registration(f"containerd config not changed: {program}'s containerd does not load {config}: {error}")
-    if config not in texts:  # unreadable, or over the read's size bound
-        return Registration(f"containerd config not changed: {config} could not be read", platform=info)
-    table = rancher.dropin_table(requests, info, texts[config])
-    text = rancher.render(table, info)
-    current_cri_problem = cri_start_problem(before, config, texts, rancher.etc_dir(program))
-    if texts.get(path) == text:
-        return Registration(
-            platform=info, note=rancher.applied_note(info, table), current_cri_problem=current_cri_problem
-        )
-    main = staged_imports(texts[config], root=rancher.etc_dir(program))
-    after = host.get_fact(RancherCandidateDump, program=program, _stdin=k0s_candidate_input(main, text))
-    candidate_tree = resolve_tree(config, {**texts, path: text}, rancher.etc_dir(program))
-    found = Registration(
-        writes={path: text},
-        current={path: texts[path]} if path in texts else {},
-        modes={path: strictest_mode([], base=node["modes"].get(path, "644"))},
-        owners={path: "root:root"},
-        platform=info,
-        current_cri_problem=current_cri_problem,
-        note=rancher.write_line(info, table),
-    )
-    dropped = rancher.dropped_keys(rancher.written_table(texts.get(path)), table, path)
-    judged = Plan(
-        config_path=config, dropin_path=path, dropin_text=text, intended=rancher.intended(table), dropped=dropped
-    )
-    assert info["toolkit"] is not None  # rancher_nvidia says present
-    found.problem = _candidate_problem(before, after, candidate_tree, judged, info["toolkit"], handler, False)
-    unshown = rancher.unshown(after["dump"], table, path) if after and not found.problem else []
-    if unshown:
-        found.problem = "containerd config not changed: the candidate config does not show " + "; ".join(unshown)
-    return found
-
-
-def _rancher_registration(info: ContainerdPlatformInfo) -> Registration:
-    """k3s or RKE2 add the nvidia runtime themselves: nothing to write; their unit restarted where
-    their generated config lacks it yet."""
-    if rancher_nvidia(info) == "present":
-        return Registration(platform=info, note=rancher_note(info))
-    return Registration(platform=info, restart_reason=rancher_restart_reason(info))
+def restart_reason(service: ContainerdServiceInfo | None, dump: DumpInfo | None) -> str | None:
+    """``_registration``'s ``restart_reason``, with the CRI plugin's state read where it needs it."""
+    return _settled(lambda values: attempt(lambda judging: judging.restart_reason(service, dump), values))
 
 
 @operation()
@@ -638,38 +271,6 @@ def nvidia_runtime(
         if found.mode_line:
             logger.info("%s%s", host.print_prefix, found.mode_line)
         logger.info("%scontainerd restart pending: %s", host.print_prefix, ", ".join(found.writes))
-
-
-def cri_start_problem(
-    dump: DumpInfo | None, main_path: str, texts: dict[str, str], root: str = CONFIG_ROOT
-) -> str | None:
-    """Why the config tree ``texts`` (merged as ``dump``) would keep the CRI plugin from starting, by the
-    plugin's own start rules, or ``None`` (also where containerd is missing, or the files do not load for
-    another reason than an ``imports`` entry naming a missing file: containerd 1.x's dump fails on that)."""
-    if not dump:
-        return None
-    missing = missing_imports(main_path, texts, root)
-    if dump["error"]:
-        return stopping(import_findings(missing))
-    return stopping(cri_start_findings(dump["dump"], load_order(resolve_tree(main_path, texts, root)), missing))
-
-
-def restart_reason(service: ContainerdServiceInfo | None, dump: DumpInfo | None) -> str | None:
-    """
-    Why containerd must be restarted and verified now, or ``None``: the unit's own reason (a config
-    file newer than the daemon, a unit that is not active), else an active daemon whose CRI plugin
-    failed to load (its ``failed to load plugin`` line, or ``ctr``'s status), which leaves the kubelet
-    without a CRI although the unit looks fine. A daemon whose CRI plugin is unknown (no journal
-    line, no ``ctr``) is not restarted for it.
-    """
-    if not service or service["load_state"] != "loaded":
-        return None
-    if service["restart_reason"]:
-        return service["restart_reason"]
-    cri = node_fact(ContainerdCriLoaded, address=cri_address(dump))
-    if cri["source"] and not cri["loaded"]:
-        return f"its CRI plugin failed to load: {printable(cri['error'] or 'no reason given')[:300]}"
-    return None
 
 
 def backup_paths(main_path: str) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LONGEST_FIRST
+from tests.conftest import LONGEST_FIRST, shard_list
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,38 +58,39 @@ def test_fleet_tests_are_split_by_the_fleet_they_use(listing: dict[str, tuple[st
     assert "tests/integration/test_rollout_batches_fleet.py" in modules
 
 
-def test_a_later_shard_runs_a_module_at_a_time_from_its_last_module(
+def test_a_process_runs_its_first_shard_longest_modules_first_then_a_later_shard_from_its_end(
     listing: dict[str, tuple[str, set[str]]],
 ) -> None:
-    """``--shard session,modules``: the session shard's tests in their order, then the module fleets' tests
-    with their modules in reverse order, each module's tests in theirs (a process taking another's modules
-    starts where that one arrives last)."""
-    order = [line for line in collected("--shard", "session,modules") if line.startswith("tests/")]
-    session = [node_id for node_id, (shard, _) in listing.items() if shard == "session"]
-    modules: dict[str, list[str]] = {}
+    """``--shard modules,session``: the module fleets' tests a module at a time, the ``LONGEST_FIRST`` modules
+    first, then the rest in their order; then the session shard's modules from its last (a process taking
+    another's modules starts where that one arrives last); each module's tests in their order."""
+    order = [line for line in collected("--shard", "modules,session") if line.startswith("tests/")]
+    modules: dict[str, dict[str, list[str]]] = {"modules": {}, "session": {}}
     for node_id, (shard, _) in listing.items():
-        if shard == "modules":
-            modules.setdefault(node_id.split("::")[0], []).append(node_id)
-    assert len(modules) > 1
-    assert order == session + [node_id for module in reversed(list(modules.values())) for node_id in module]
+        if shard in modules:
+            modules[shard].setdefault(node_id.split("::")[0], []).append(node_id)
+    assert len(modules["modules"]) > len(LONGEST_FIRST) and len(modules["session"]) > 1
+    assert set(LONGEST_FIRST) <= set(modules["modules"])
+    first = [*LONGEST_FIRST, *(name for name in modules["modules"] if name not in LONGEST_FIRST)]
+    assert order == [
+        *(node_id for name in first for node_id in modules["modules"][name]),
+        *(node_id for name in reversed(list(modules["session"])) for node_id in modules["session"][name]),
+    ]
 
 
 @pytest.mark.parametrize("value", ["quick", "fast,fast", "fast,", ""])
 def test_a_shard_list_naming_no_shard_is_refused(value: str) -> None:
+    with pytest.raises(pytest.UsageError) as refused:
+        shard_list(value)
+    expected = f"--shard takes one or more of session, vm, modules, fast, comma-separated, got {value!r}"
+    assert str(refused.value) == expected
+
+
+def test_pytest_refuses_a_wrong_shard_list_before_collecting() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", f"--shard={value}",
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "--shard=fast,quick",
          "tests/unit/test_shards.py"],
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip
     assert result.returncode != 0
-    assert f"--shard takes one or more of session, vm, modules, fast, comma-separated, got {value!r}" in (
-        result.stdout + result.stderr
-    )
-
-
-def test_the_modules_shard_runs_its_longest_modules_first(listing: dict[str, tuple[str, set[str]]]) -> None:
-    order = [line.split("::")[0] for line in collected("--shard", "modules") if line.startswith("tests/")]
-    modules = list(dict.fromkeys(order))
-    assert modules[: len(LONGEST_FIRST)] == list(LONGEST_FIRST)
-    assert sorted(modules[len(LONGEST_FIRST) :]) == modules[len(LONGEST_FIRST) :]
-    assert set(modules) == {node_id.split("::")[0] for node_id, (shard, _) in listing.items() if shard == "modules"}
+    assert "--shard takes one or more of session, vm, modules, fast, comma-separated, got 'fast,quick'" in result.stderr
