@@ -1,10 +1,10 @@
 """The nvidia runtime registration judged from what was read of one node, without I/O.
 
-``judge(arguments, values)`` returns the ``Registration`` (what the step writes, or why it may not, and
-what it says on the way), or the ``Read`` it needs first: the node's containerd files, service and dump;
-k0s' or the k3s/RKE2 agent's tree; the CRI plugin's state; the node's own containerd merging a staged
-candidate. ``containerd.registration`` makes each read the judgement asks for and judges again with it,
-until it has the registration: the reads, in the order the judgement needs them, are the only I/O.
+``judgement(arguments)`` yields each ``Read`` it needs (the node's containerd files, service and dump; k0s'
+or the k3s/RKE2 agent's tree; the CRI plugin's state; the node's own containerd merging a staged
+candidate), takes its value, and returns the ``Registration`` (what the step writes, or why it may not,
+and what it says on the way). ``settled`` runs a judgement with a function that makes the reads:
+``containerd.registration`` passes one that reads the node, the tests one that serves recorded values.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -58,6 +58,7 @@ from pyinfra_gpunode.rollout import TurnMark
 from pyinfra_gpunode.settings import CONTAINERD_MODE, DROPIN_DIR, RUNTIME_BINARY, RUNTIME_HANDLER
 
 T = TypeVar("T")
+Judgement = Generator["Read", Any, T]  # yields the reads it needs, is sent their values, returns T
 MISSING_BINARY = "containers using the nvidia runtime will fail until it is installed"
 
 
@@ -70,24 +71,8 @@ class Read:
     arguments: tuple[tuple[str, str], ...] = ()
 
 
-class _Unread(Exception):
-    def __init__(self, read: Read) -> None:
-        super().__init__(read.fact)
-        self.read = read
-
-
-class NodeReads:
-    """What was read of one node so far, by ``Read``."""
-
-    def __init__(self, values: Mapping[Read, Any]) -> None:
-        self._values = values
-
-    def need(self, fact: str, **arguments: str) -> Any:
-        """The value of the read, or (raised to ``judge``) the read it takes."""
-        read = Read(fact, tuple(sorted(arguments.items())))
-        if read not in self._values:
-            raise _Unread(read)
-        return self._values[read]
+def read(fact: str, **arguments: str) -> Read:
+    return Read(fact, tuple(sorted(arguments.items())))
 
 
 @dataclass
@@ -139,16 +124,13 @@ class Registration:
         )
 
 
-def judge(arguments: Mapping[str, Any], values: Mapping[Read, Any]) -> Registration | Read:
-    """The registration ``containerd.nvidia_runtime``'s ``arguments`` (all of them, checked) come to on the node
-    whose reads so far are ``values``, or the next read it needs."""
-
-    def registration(judging: _Judge) -> Registration:
-        found = judging.containerd(**arguments)
-        found.said = judging.said
-        return found
-
-    return attempt(registration, values)
+def judgement(arguments: Mapping[str, Any]) -> Judgement[Registration]:
+    """The registration ``containerd.nvidia_runtime``'s ``arguments`` (all of them, checked) come to on one
+    node, from the reads it yields."""
+    judging = _Judge()
+    found = yield from judging.containerd(**arguments)
+    found.said = judging.said
+    return found
 
 
 def bound_arguments(**given: Any) -> dict[str, Any]:
@@ -158,19 +140,32 @@ def bound_arguments(**given: Any) -> dict[str, Any]:
     return {name: value for name, value in bound.arguments.items() if name != "self"}
 
 
-def attempt(decide: Callable[[_Judge], T], values: Mapping[Read, Any]) -> T | Read:
-    """What ``decide`` comes to with the reads ``values``, or the next read it needs."""
+def settled(judging: Judgement[T], make: Callable[[Read], Any]) -> T:
+    """What ``judging`` comes to, each read it yields made once by ``make``, in the order it asks."""
     try:
-        return decide(_Judge(NodeReads(values)))
-    except _Unread as unread:
-        return unread.read
+        asked = next(judging)
+        while True:
+            asked = judging.send(make(asked))
+    except StopIteration as done:
+        return done.value
+
+
+def restart_reason(service: ContainerdServiceInfo | None, dump: DumpInfo | None) -> Judgement[str | None]:
+    """``_Judge.restart_reason`` on its own."""
+    return _Judge().restart_reason(service, dump)
+
+
+def rancher_refusal(
+    info: ContainerdPlatformInfo | None, requests: Mapping[str, object], tree: RancherContainerdInfo | None = None
+) -> Judgement[str | None]:
+    """``_Judge.rancher_refusal`` on its own."""
+    return _Judge().rancher_refusal(info, requests, tree)
 
 
 class _Judge:
-    """One judgement of one node: the reads it has, and what it says on the way."""
+    """One judgement of one node, and what it says on the way."""
 
-    def __init__(self, reads: NodeReads) -> None:
-        self.reads = reads
+    def __init__(self) -> None:
         self.said: list[tuple[int, str]] = []
 
     def containerd(
@@ -185,8 +180,8 @@ class _Judge:
         handler: str = RUNTIME_HANDLER,
         mode: str = CONTAINERD_MODE,
         enable_nri: bool | None = None,
-    ) -> Registration:
-        node: ContainerdNodeStateInfo = self.reads.need("node", binary=binary)
+    ) -> Judgement[Registration]:
+        node: ContainerdNodeStateInfo = yield read("node", binary=binary)
         owned = platform_refusal(node.get("platform"))  # k3s, RKE2, k0s, EKS nodeadm: their config, not ours
         if owned:
             return Registration(owned)
@@ -195,13 +190,15 @@ class _Judge:
                 binary=binary, handler=handler, systemd_cgroup=systemd_cgroup, default_runtime=default_runtime,
                 enable_cdi=enable_cdi, cdi_spec_dirs=cdi_spec_dirs, mode=mode, enable_nri=enable_nri,
             )  # fmt: skip
-            tree = self.rancher_tree(node["platform"])  # read once: refusal, our drop-in, the plan all use it
-            refused = self.rancher_refusal(node["platform"], requests, tree)
+            tree = yield from self.rancher_tree(
+                node["platform"]
+            )  # read once: refusal, our drop-in, the plan all use it
+            refused = yield from self.rancher_refusal(node["platform"], requests, tree)
             if refused:
                 return Registration(refused)
             written = tree is not None and rancher.dropin_path(node["platform"]["name"] or "") in tree["texts"]
             if tree is not None and (rancher_unapplied(node["platform"], requests) or written):
-                return self.rancher_dropin(node["platform"], requests, handler, tree)
+                return (yield from self.rancher_dropin(node["platform"], requests, handler, tree))
             return rancher_registration(node["platform"])
         if (node.get("platform") or {}).get("name") == "k0s":
             k0s_options = Options(
@@ -213,7 +210,9 @@ class _Judge:
                 mode=mode,
                 enable_nri=enable_nri,
             )
-            return self.k0s(node["platform"], k0s_options, handler, binary_required, node["binary_present"])
+            return (
+                yield from self.k0s(node["platform"], k0s_options, handler, binary_required, node["binary_present"])
+            )
         version, files, before = node["version"], node["files"], node["dump"]
         if not version:
             return Registration(
@@ -286,7 +285,7 @@ class _Judge:
             return Registration(
                 "containerd config not changed: " + problem if problem else None,
                 service=node["service"],
-                restart_reason=self.restart_reason(node["service"], node["dump"]),
+                restart_reason=(yield from self.restart_reason(node["service"], node["dump"])),
                 current_cri_problem=current_cri_problem,
                 mode_line=mode_line,
             )
@@ -299,7 +298,7 @@ class _Judge:
                 "replace the link with the file or directory it points to"
             )
 
-        after: DumpInfo | None = self.reads.need(
+        after: DumpInfo | None = yield read(
             "candidate",
             config_path=result.config_path,
             dropin_path=OUR_DROPIN,
@@ -322,18 +321,18 @@ class _Judge:
             return found
         assert after is not None and after["summary"] is not None  # a dump without an error has its summary
         found.service = node["service"]
-        found.restart_reason = self.restart_reason(node["service"], node["dump"])
+        found.restart_reason = yield from self.restart_reason(node["service"], node["dump"])
         found.dropped_runtimes = sorted(set(summarize(before_dump)["runtimes"]) - set(after["summary"]["runtimes"]))
         return found
 
     def k0s(
         self, info: ContainerdPlatformInfo, options: Options, handler: str, binary_required: bool, binary_present: bool
-    ) -> Registration:
+    ) -> Judgement[Registration]:
         """A k0s node whose ``/etc/k0s/containerd.toml`` k0s manages: our drop-in in ``/etc/k0s/containerd.d``,
         planned as on containerd 2.x (version 3, plugin ``io.containerd.cri.v1.runtime``) and judged by k0s'
         own containerd on a staged copy of its tree, never written here (the write restarts k0s' containerd:
         ``platform.runtime_dropin_applied`` writes it in the node's turn)."""
-        node: K0sContainerdInfo = self.reads.need("k0s")
+        node: K0sContainerdInfo = yield read("k0s")
         layout = k0s.layout_problem(node["version"], node["texts"])
         if layout:
             return Registration(k0s.refusal(info["evidence"], layout), platform=info)
@@ -367,7 +366,7 @@ class _Judge:
                 mode_line=result.mode_line or None,
             )
         main = staged_imports(texts[K0S_CONFIG], root=k0s.ROOT)
-        after: DumpInfo | None = self.reads.need(
+        after: DumpInfo | None = yield read(
             "k0s candidate", dropin_path=k0s.DROPIN, stdin=k0s_candidate_input(main, result.dropin_text)
         )
         candidate_tree = resolve_tree(K0S_CONFIG, {**texts, k0s.DROPIN: result.dropin_text}, k0s.ROOT)
@@ -389,30 +388,30 @@ class _Judge:
         info: ContainerdPlatformInfo | None,
         requests: Mapping[str, object],
         tree: RancherContainerdInfo | None = None,
-    ) -> str | None:
+    ) -> Judgement[str | None]:
         """Why a k3s or RKE2 node whose agent adds the nvidia runtime itself is refused for host data it asks
         beyond that (``platform.rancher_unapplied``), or ``None``: also where a drop-in in the agent's
         ``config-v3.toml.d`` applies it all (the agent's containerd 2.x, its generated config version 3
         importing that directory, nvidia already in it, no binary other than the one the agent finds).
-        ``tree``: the ``RancherContainerd`` read the caller has (read here where it has none)."""
+        ``tree``: the ``RancherContainerd`` read the caller has (asked for here where it has none)."""
         unapplied = rancher_unapplied(info, requests)
         if not unapplied or not info or rancher_nvidia(info) != "present" or not rancher.appliable(requests, info):
             return unapplied
         program = info["name"] or ""
-        node: RancherContainerdInfo = tree or self.reads.need("rancher", program=program)
+        node: RancherContainerdInfo = tree or (yield read("rancher", program=program))
         layout = rancher.layout_problem(node["version"], node["texts"].get(rancher_config(program)), program)
         return unapplied if layout else None
 
-    def rancher_tree(self, info: ContainerdPlatformInfo | None) -> RancherContainerdInfo | None:
+    def rancher_tree(self, info: ContainerdPlatformInfo | None) -> Judgement[RancherContainerdInfo | None]:
         """The agent's containerd files, dump and processes, where it adds the nvidia runtime itself (only then
         can a drop-in of ours apply, or one an earlier run left be planned again); else ``None``."""
         if not info or rancher_nvidia(info) != "present":
             return None
-        return self.reads.need("rancher", program=info["name"] or "")
+        return (yield read("rancher", program=info["name"] or ""))
 
     def rancher_dropin(
         self, info: ContainerdPlatformInfo, requests: dict[str, object], handler: str, node: RancherContainerdInfo
-    ) -> Registration:
+    ) -> Judgement[Registration]:
         """A k3s or RKE2 node whose agent adds the nvidia runtime itself and host data asks for more
         (``requests``), where a drop-in applies it (``rancher_refusal``): our drop-in in the agent's
         ``config-v3.toml.d`` with only the keys asked, judged by the agent's own containerd on a staged copy of
@@ -436,9 +435,7 @@ class _Judge:
                 platform=info, note=rancher.applied_note(info, table), current_cri_problem=current_cri_problem
             )
         main = staged_imports(texts[config], root=rancher.etc_dir(program))
-        after: DumpInfo | None = self.reads.need(
-            "rancher candidate", program=program, stdin=k0s_candidate_input(main, text)
-        )
+        after: DumpInfo | None = yield read("rancher candidate", program=program, stdin=k0s_candidate_input(main, text))
         candidate_tree = resolve_tree(config, {**texts, path: text}, rancher.etc_dir(program))
         found = Registration(
             writes={path: text},
@@ -460,7 +457,7 @@ class _Judge:
             found.problem = "containerd config not changed: the candidate config does not show " + "; ".join(unshown)
         return found
 
-    def restart_reason(self, service: ContainerdServiceInfo | None, dump: DumpInfo | None) -> str | None:
+    def restart_reason(self, service: ContainerdServiceInfo | None, dump: DumpInfo | None) -> Judgement[str | None]:
         """
         Why containerd must be restarted and verified now, or ``None``: the unit's own reason (a config
         file newer than the daemon, a unit that is not active), else an active daemon whose CRI plugin
@@ -472,7 +469,7 @@ class _Judge:
             return None
         if service["restart_reason"]:
             return service["restart_reason"]
-        cri: CriLoaded = self.reads.need("cri", address=cri_address(dump))
+        cri: CriLoaded = yield read("cri", address=cri_address(dump))
         if cri["source"] and not cri["loaded"]:
             return f"its CRI plugin failed to load: {printable(cri['error'] or 'no reason given')[:300]}"
         return None

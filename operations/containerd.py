@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,15 +36,16 @@ from pyinfra_gpunode.facts.containerd import (
 from pyinfra_gpunode.facts.k0s import K0sCandidateDump, K0sContainerd
 from pyinfra_gpunode.facts.rancher import RancherCandidateDump, RancherContainerd, RancherContainerdInfo
 from pyinfra_gpunode.log import logger
+from pyinfra_gpunode.operations import _registration
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._registration import (
     Read,
     Registration,
-    attempt,
     bound_arguments,
     cri_start_problem,
-    judge,
+    judgement,
+    settled,
 )
 from pyinfra_gpunode.operations._shared import decided_once, facts_unchanged, node_fact
 from pyinfra_gpunode.platform import (
@@ -68,13 +69,13 @@ def registration(**arguments: Any) -> Registration:
     """Read the node's containerd facts and judge the planned files (``nvidia_runtime``'s arguments), with
     the mark of a rollout turn an earlier run left unfinished on the node: once per node read (the candidate
     config is staged and judged once), whether the plan, the rollout or the step asks. The judgement is
-    ``_registration.judge``'s; this makes the reads it asks for and says what it says."""
+    ``_registration.judgement``'s; this makes the reads it asks for and says what it says."""
     arguments = bound_arguments(**arguments)
     _check_arguments(**arguments)
     node = node_fact(ContainerdNodeState, binary=arguments["binary"])
 
     def judged() -> Registration:
-        found = _settled(lambda values: judge(arguments, values))
+        found = settled(judgement(arguments), _read)
         for level, message in found.said:
             logger.log(level, "%s%s", host.print_prefix, message)
         found.turn_mark, found.turn_mark_problem = parse_turn_mark(node.get("turn", []))
@@ -107,30 +108,25 @@ _FACTS: dict[str, type[FactBase[Any]]] = {
 _SHARED = ("node", "cri")
 
 
-def _settled(decide: Callable[[Mapping[Read, Any]], T | Read]) -> T:
-    """What ``decide`` comes to once it has every read it asks for, each made once, in the order asked."""
-    values: dict[Read, Any] = {}
-    while True:
-        outcome = decide(values)
-        if not isinstance(outcome, Read):
-            return outcome
-        arguments: dict[str, Any] = dict(outcome.arguments)
-        if "stdin" in arguments:
-            arguments["_stdin"] = arguments.pop("stdin")
-        fact = _FACTS[outcome.fact]
-        values[outcome] = node_fact(fact, **arguments) if outcome.fact in _SHARED else host.get_fact(fact, **arguments)
+def _read(asked: Read) -> Any:
+    """Make a read a judgement asks for on this node."""
+    arguments: dict[str, Any] = dict(asked.arguments)
+    if "stdin" in arguments:
+        arguments["_stdin"] = arguments.pop("stdin")
+    fact = _FACTS[asked.fact]
+    return node_fact(fact, **arguments) if asked.fact in _SHARED else host.get_fact(fact, **arguments)
 
 
 def rancher_refusal(
     info: ContainerdPlatformInfo | None, requests: Mapping[str, object], tree: RancherContainerdInfo | None = None
 ) -> str | None:
     """``_registration``'s ``rancher_refusal``, with the agent's tree read where it needs it."""
-    return _settled(lambda values: attempt(lambda judging: judging.rancher_refusal(info, requests, tree), values))
+    return settled(_registration.rancher_refusal(info, requests, tree), _read)
 
 
 def restart_reason(service: ContainerdServiceInfo | None, dump: DumpInfo | None) -> str | None:
     """``_registration``'s ``restart_reason``, with the CRI plugin's state read where it needs it."""
-    return _settled(lambda values: attempt(lambda judging: judging.restart_reason(service, dump), values))
+    return settled(_registration.restart_reason(service, dump), _read)
 
 
 @operation()

@@ -1,5 +1,6 @@
 """``operations/_registration.py``: the registration judged from a node's reads alone, each read asked for
-by name, and what the step says carried in the result instead of logged."""
+by name (once, the judgement going on with its value), and what the step says carried in the result
+instead of logged."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pyinfra_gpunode.operations._registration import Read, Registration, bound_arguments, judge
+from pyinfra_gpunode.operations._registration import Read, Registration, bound_arguments, judgement, settled
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = sorted((REPO / "tests/operations/containerd.nvidia_runtime").glob("*.json"))
@@ -23,17 +24,26 @@ def fixture(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return data["kwargs"], data["facts"]["containerd.ContainerdNodeState"][f"binary={BINARY}"]
 
 
-def settle(arguments: dict[str, Any], values: dict[Read, Any]) -> tuple[Registration, list[Read]]:
-    """Judge until a registration, serving only the reads in ``values``; the reads asked for, in order."""
-    asked = []
-    served: dict[Read, Any] = {}
-    while True:
-        outcome = judge(arguments, served)
-        if isinstance(outcome, Registration):
-            return outcome, asked
-        assert outcome not in served, f"{outcome} asked for again"
-        asked.append(outcome)
-        served[outcome] = values[outcome]
+class Unserved(Exception):
+    pass
+
+
+def settle(arguments: dict[str, Any], values: dict[Read, Any]) -> tuple[Registration | Read, list[Read]]:
+    """Judge serving only the reads in ``values``: the registration, or the first read ``values`` lacks; the
+    reads asked for, in order."""
+    asked: list[Read] = []
+
+    def serve(read: Read) -> Any:
+        assert read not in asked, f"{read} asked for again"
+        asked.append(read)
+        if read not in values:
+            raise Unserved(read)
+        return values[read]
+
+    try:
+        return settled(judgement(arguments), serve), asked
+    except Unserved as unserved:
+        return unserved.args[0], asked
 
 
 def test_the_judgement_does_no_io_of_its_own() -> None:
@@ -53,9 +63,10 @@ def test_the_judgement_does_no_io_of_its_own() -> None:
 def test_a_node_is_read_first_and_judged_from_that_read() -> None:
     kwargs, node = fixture("converged")
     arguments = bound_arguments(**kwargs)
-    assert judge(arguments, {}) == Read("node", (("binary", BINARY),))
+    assert next(judgement(arguments)) == Read("node", (("binary", BINARY),))
     found, asked = settle(arguments, {Read("node", (("binary", BINARY),)): node})
     assert asked == [Read("node", (("binary", BINARY),))]
+    assert isinstance(found, Registration)
     assert (found.problem, found.writes, found.said) == (None, {}, [])
 
 
@@ -63,6 +74,7 @@ def test_a_platform_node_is_refused_from_its_first_read() -> None:
     kwargs, node = fixture("k3s_owned")
     found, asked = settle(bound_arguments(**kwargs), {Read("node", (("binary", BINARY),)): node})
     assert [read.fact for read in asked] == ["node"]
+    assert isinstance(found, Registration)
     assert found.problem and "k3s" in found.problem and not found.writes
 
 
@@ -71,11 +83,12 @@ def test_a_missing_binary_is_said_not_logged(caplog: pytest.LogCaptureFixture) -
     caplog.set_level(logging.DEBUG)
     reads = {Read("node", (("binary", BINARY),)): node}
     required, _ = settle(bound_arguments(**kwargs), reads)
+    assert isinstance(required, Registration)
     assert required.problem == (
         f"containerd config not changed: nvidia runtime binary {BINARY} is missing on the node "
         "(gpunode_runtime_binary_required)"
     )
-    judged = judge(bound_arguments(), reads)
+    judged, _ = settle(bound_arguments(), reads)
     assert isinstance(judged, Read), "with the binary not required, the judgement goes on to the candidate"
     assert judged.fact == "candidate"
     assert dict(judged.arguments)["dropin_path"] == "/etc/containerd/gpunode/nvidia-runtime.toml"
@@ -91,7 +104,7 @@ def test_every_fixture_node_is_judged_the_same_twice() -> None:
         node = data["facts"]["containerd.ContainerdNodeState"][f"binary={BINARY}"]
         arguments = bound_arguments(**data["kwargs"])
         reads = {Read("node", (("binary", BINARY),)): node}
-        assert judge(arguments, reads) == judge(arguments, reads), path.name
+        assert settle(arguments, reads) == settle(arguments, reads), path.name
 
 
 def test_unknown_arguments_are_refused_by_name() -> None:
