@@ -30,16 +30,28 @@ from pyinfra_gpunode.facts._composite import Part
 from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.platform import ContainerdPlatformInfo, owning_platform
 from pyinfra_gpunode.rollout import MARKER_BYTES, TURN_MARKER
-from pyinfra_gpunode.sections import marker, split_sections
+from pyinfra_gpunode.sections import MARK, marker, split_sections
 from pyinfra_gpunode.versions import ContainerdVersionInfo, parse_containerd_version
 
 DEFAULT_CONFIG = f"{CONFIG_ROOT}/config.toml"
 
 # The config path as the unit starts containerd: `--config X`, `--config=X` or `-c X` in ExecStart
 # (shell/unit-config.sh), set as `cfg` for later parts of the same command.
-_UNIT_CONFIG_SCRIPT = shell.script(Path(__file__).parent / "shell" / "unit-config.sh")
+_SHELL = Path(__file__).parent / "shell"
+_UNIT_CONFIG_SCRIPT = shell.script(_SHELL / "unit-config.sh")
 _UNIT_CONFIG = f"cfg=$({shell.command(_UNIT_CONFIG_SCRIPT, 'gpunode-unit-config', DEFAULT_CONFIG)})"
-_CFG = '"$cfg"'  # the path _UNIT_CONFIG found, in later parts of the same command
+_CFG = shell.Expanded('"$cfg"')  # the path _UNIT_CONFIG found, in later parts of the same command
+# Print the config tree: the main config and every *.toml with mode, owner and text, file kinds and links
+# (shell/config-files.sh).
+_CONFIG_FILES = shell.script(_SHELL / "config-files.sh")
+# Print `config dump` of a config, then its stderr and exit status behind markers (shell/config-dump.sh).
+_CONFIG_DUMP = shell.script(_SHELL / "config-dump.sh")
+# The same for a candidate tree staged in a temporary directory (shell/candidate-dump.sh).
+_CANDIDATE_DUMP = shell.script(_SHELL / "candidate-dump.sh")
+# Print the unit's state, containerd's processes and the config tree's newest mtime (shell/containerd-service.sh).
+_SERVICE = shell.script(_SHELL / "containerd-service.sh")
+# Print the CRI plugin's start line or ctr's answer (shell/containerd-cri.sh).
+_CRI = shell.script(_SHELL / "containerd-cri.sh")
 
 
 class ContainerdVersion(FactBase[ContainerdVersionInfo | None]):
@@ -117,20 +129,7 @@ class ContainerdConfigFiles(FactBase[ContainerdConfigFilesInfo]):
 
     @override
     def command(self) -> str:
-        return (
-            f'{_UNIT_CONFIG}; echo "main $cfg"; '
-            f'{{ echo "$cfg"; find -L {CONFIG_ROOT} -name "*.toml" -type f 2>/dev/null; }} | sort -u | '
-            'while read -r f; do if [ -r "$f" ] && [ -f "$f" ]; then '
-            'b=$(printf %s "$f" | base64 -w0); echo "file $(stat -c %Y "$f") $b $(base64 -w0 < "$f")"; '
-            'echo "mode $(stat -L -c %a "$f") $b"; echo "owner $(stat -L -c %u:%g "$f") $b"; '
-            "fi; done; "
-            f'for f in "$cfg" {shlex.quote(OUR_DROPIN)}; do p=$f; while [ "${{#p}}" -gt 1 ]; do '
-            'if [ -e "$p" ] && [ ! -L "$p" ]; then echo "kind $(printf %s "$p" | base64 -w0) $(stat -c %F "$p")"; fi; '
-            'p=$(dirname "$p"); done; done | sort -u; '
-            f'{{ find {CONFIG_ROOT} -type l 2>/dev/null; p="$cfg"; while [ "${{#p}}" -gt 1 ]; do echo "$p"; '
-            'p=$(dirname "$p"); done; } | sort -u | while read -r f; do if [ -L "$f" ]; then '
-            'echo "link $(printf %s "$f" | base64 -w0) $(printf %s "$(readlink "$f")" | base64 -w0)"; fi; done'
-        )
+        return f"{_UNIT_CONFIG}; {shell.command(_CONFIG_FILES, 'gpunode-config-files', _CFG, CONFIG_ROOT, OUR_DROPIN)}"
 
     @override
     def process(self, output: list[str]) -> ContainerdConfigFilesInfo:
@@ -191,13 +190,10 @@ class DumpInfo(TypedDict):
     error: str | None
 
 
-def _dump_script(config: str) -> str:
-    """Run ``config dump`` for ``config``; stdout, then stderr and the exit code behind markers."""
-    return (
-        "err=$(mktemp) && { "
-        f'containerd --config {config} config dump 2>"$err"; rc=$?; '
-        'echo "### gpunode-stderr"; cat "$err"; echo "### gpunode-rc $rc"; rm -f "$err"; }'
-    )
+def dump_command(config: str) -> str:
+    """Run ``config dump`` for the config ``config`` (a path, or an ``Expanded`` variable); stdout, then stderr and
+    the exit code behind markers."""
+    return shell.command(_CONFIG_DUMP, "gpunode-config-dump", config)
 
 
 _LOG_TIME = re.compile(r'^time="[^"]*" ')
@@ -250,7 +246,7 @@ class ContainerdConfigDump(FactBase[DumpInfo | None]):
 
     @override
     def command(self, config_path: str = DEFAULT_CONFIG) -> str:
-        return _dump_script(shlex.quote(config_path))
+        return dump_command(config_path)
 
     @override
     def process(self, output: list[str]) -> DumpInfo:
@@ -289,24 +285,7 @@ class ContainerdCandidateDump(FactBase[DumpInfo | None]):
 
     @override
     def command(self, config_path: str, dropin_path: str) -> str:
-        def write(path: str, line: str) -> str:
-            staged = f'"$S"{shlex.quote(path)}'
-            return (
-                f'mkdir -p "$(dirname {staged})" && rm -f {staged} && '
-                f'printf %s "${line}" | base64 -d | sed "s#{STAGE}#$S#g" > {staged}'
-            )
-
-        config = f'"$S"{shlex.quote(config_path)}'
-        return (
-            'T=$(mktemp -d) && trap \'rm -rf "$T"\' EXIT && S="$T/stage" && mkdir "$S" && '
-            'if { { read -r c && read -r d || { echo "no candidate config on stdin" >&2; false; }; } && '
-            f'find -L {CONFIG_ROOT} -name "*.toml" -type f 2>/dev/null | while read -r f; do '
-            'mkdir -p "$S$(dirname "$f")" && cat "$f" > "$S$f" || exit 1; done && '
-            f'{write(config_path, "c")} && {write(dropin_path, "d")}; }} 2>"$T/err"; then '
-            f'containerd --config {config} config dump 2>"$T/err"; rc=$?; else rc=stage; fi; '
-            # the stage's paths in containerd's messages as the node's own: its warnings compare with the node's
-            'echo "### gpunode-stderr"; sed "s#$S##g" "$T/err"; echo "### gpunode-rc $rc"'
-        )
+        return shell.command(_CANDIDATE_DUMP, "gpunode-candidate-dump", CONFIG_ROOT, config_path, dropin_path, STAGE)
 
     @override
     def process(self, output: list[str]) -> DumpInfo:
@@ -357,48 +336,17 @@ def _restart_reason(
     return None
 
 
-# Every containerd process and the unit whose cgroup it is in (cgroup v2 or v1's name=systemd line).
-_PROCESSES = (
-    "echo Processes=$(for p in $(pgrep -x containerd 2>/dev/null); do "
-    'echo "$p:$(awk -F: \'$3 != "/" && ($2 == "" || $2 == "name=systemd") '
-    '{n = split($3, a, "/"); print a[n]; exit}\' '
-    '/proc/$p/cgroup 2>/dev/null)"; done)'
-)
-
-
-# The mtimes of the config tree: every file, through links (a symlinked drop-in's target), and every
-# link itself (a link pointed elsewhere).
-_CONFIG_MTIMES = (
-    f"{{ find -L {CONFIG_ROOT} {_CFG} -type f -printf '%T@\\n'; find {CONFIG_ROOT} {_CFG} -type l -printf '%T@\\n'; }}"
-    " 2>/dev/null"
-)
-
-
 def service_command(unit: str = "containerd", config_root: str | None = None, generated: str | None = None) -> str:
     """``ContainerdService``'s command; ``unit``, ``config_root`` and ``generated``: where a platform (k3s,
     RKE2, k0s) runs containerd in a unit of its own, that unit, the directory of its config (its mtimes
-    instead of /etc/containerd's) and the config the platform writes at each start of the unit, before it
-    starts containerd (left out of the mtimes: it is newer than the unit's main process by design)."""
-    mtimes = _CONFIG_MTIMES
-    config = _UNIT_CONFIG
-    if config_root is not None:
-        root = shlex.quote(config_root)
-        skip = f" ! -path {shlex.quote(generated)}" if generated else ""
-        config = f"cfg={root}"
-        mtimes = (
-            f"{{ find -L {root} -type f{skip} -printf '%T@\\n'; find {root} -type l{skip} -printf '%T@\\n'; }}"
-            " 2>/dev/null"
-        )
-    return (
-        "if [ -d /run/systemd/system ]; then "
-        f"systemctl show {shlex.quote(unit)} --timestamp=us+utc -p LoadState -p TriggeredBy -p ActiveState "
-        "-p SubState "
-        "-p MainPID -p Result -p Restart -p RestartUSec -p NRestarts -p ExecMainStartTimestamp -p InvocationID; "
-        f"{_PROCESSES}; {config}; "
-        f"echo ConfigMtime=$({mtimes} | sort -n | tail -n 1)"
-        "; "
-        "fi"
-    )
+    instead of /etc/containerd's and the main config's) and the config the platform writes at each start of
+    the unit, before it starts containerd (left out of the mtimes: it is newer than the unit's main process by
+    design)."""
+    if config_root is None:
+        read = f"{_UNIT_CONFIG}; {shell.command(_SERVICE, 'gpunode-containerd-service', unit, '', CONFIG_ROOT, _CFG)}"
+    else:
+        read = shell.command(_SERVICE, "gpunode-containerd-service", unit, generated or "", config_root)
+    return f"if [ -d /run/systemd/system ]; then {read}; fi"
 
 
 class ContainerdService(FactBase[ContainerdServiceInfo | None]):
@@ -511,10 +459,10 @@ class ContainerdCriLoaded(FactBase[CriLoaded]):
 
 
 # The CRI plugin's start or failure lines, as ``grep -E`` finds them.
-_CRI_LINES = (
-    "grep -E 'failed to load plugin io.containerd.(grpc.v1.cri|cri)|"
+CRI_LINES = (
+    "failed to load plugin io.containerd.(grpc.v1.cri|cri)|"
     'failed to load plugin" error=.* id=io.containerd.(grpc.v1.cri|cri.v1.[a-z]+)( |$)|'
-    "Start cri plugin with config|starting cri plugin'"
+    "Start cri plugin with config|starting cri plugin"
 )
 LOG_BYTES = 16777216  # at most this much of the end of a platform's containerd log file is read
 
@@ -523,30 +471,7 @@ def cri_loaded_command(address: str = DEFAULT_ADDRESS, unit: str = "containerd",
     """``ContainerdCriLoaded``'s command; ``unit``: the systemd unit containerd runs in (a platform's own,
     e.g. ``k3s-agent.service``); ``log``: the file a platform writes its containerd's log to (k3s and RKE2),
     whose last CRI start or failure line is read where the unit's journal has none."""
-    ctr = f"timeout 10 ctr --address {shlex.quote(address)} plugins ls"
-    from_log = (
-        [
-            f'if [ -z "$j" ] && [ -f {shlex.quote(log)} ] && [ -r {shlex.quote(log)} ]; then '
-            f"j=$(tail -c {LOG_BYTES} {shlex.quote(log)} | {_CRI_LINES} | tail -n 1); fi"
-        ]
-        if log
-        else []
-    )
-    return "; ".join(
-        [
-            marker("journal"),
-            f"id=$(systemctl show -p InvocationID --value {shlex.quote(unit)} 2>/dev/null); j=",
-            f'if [ -n "$id" ]; then j=$(journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | {_CRI_LINES}); fi',
-            *from_log,
-            'if [ -n "$j" ]; then printf \'%s\\n\' "$j"; fi',
-            marker("ctr"),  # asked only without a start line; the plugin's message only when not ok
-            f'if [ -z "$j" ] && [ -S {shlex.quote(address)} ] && command -v ctr >/dev/null 2>&1; then '
-            f"s=$({ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) '); "
-            """if [ -n "$s" ]; then printf '%s\\n' "$s"; fi; """
-            """if [ -n "$s" ] && printf '%s\\n' "$s" | grep -qv ' ok *$'; then """
-            f"{ctr} -d id==cri 2>/dev/null | grep 'Message:' || true; fi; fi",
-        ]
-    )
+    return shell.command(_CRI, "gpunode-containerd-cri", MARK, CRI_LINES, address, unit, log or "", str(LOG_BYTES))
 
 
 class ContainerdNodeStateInfo(TypedDict):
@@ -598,7 +523,7 @@ class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
                 marker("files"),
                 ContainerdConfigFiles().command(),
                 marker("dump"),
-                f"if {has_containerd}; then {_dump_script(_CFG)}; fi",
+                f"if {has_containerd}; then {dump_command(_CFG)}; fi",
                 marker("binary"),
                 f"if [ -e {shlex.quote(binary)} ]; then echo present; fi",
                 marker("service"),

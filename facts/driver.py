@@ -3,22 +3,24 @@ operations decide on, in one read."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar, TypedDict
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from pyinfra_gpunode import shell
 from pyinfra_gpunode.driver_versions import parse_proc_version, version_from_library
 from pyinfra_gpunode.facts._composite import Part
 from pyinfra_gpunode.facts.fabric_manager import (
-    FABRIC_MANAGER_SCRIPT,
+    FABRIC_MANAGER_COMMAND,
     FabricManagerInfo,
     NvidiaFabricManager,
     parse_fabric_manager,
 )
-from pyinfra_gpunode.facts.gpus import PCI_SCRIPT, NvidiaGpus, PciInfo, parse_pci
-from pyinfra_gpunode.facts.kernel import SECURE_BOOT_SCRIPT, parse_secure_boot
-from pyinfra_gpunode.sections import PackageStatus, dpkg_query, marker, parse_dpkg_status, split_sections
+from pyinfra_gpunode.facts.gpus import PCI_COMMAND, NvidiaGpus, PciInfo, parse_pci
+from pyinfra_gpunode.facts.kernel import SECURE_BOOT_COMMAND, parse_secure_boot
+from pyinfra_gpunode.sections import MARK, PackageStatus, dpkg_query, marker, parse_dpkg_status, split_sections
 
 
 class DriverInfo(TypedDict):
@@ -50,28 +52,12 @@ class NvidiaHostStateInfo(TypedDict):
     built_module_version: str | None
 
 
-DRIVER_SCRIPT = "; ".join(
-    [
-        "PATH=$PATH:/sbin:/usr/sbin",
-        marker("module"),
-        "if [ -r /sys/module/nvidia/version ]; then cat /sys/module/nvidia/version; fi",
-        marker("proc"),
-        "if [ -r /proc/driver/nvidia/version ]; then cat /proc/driver/nvidia/version; fi",
-        marker("library"),
-        "nvml=$(ldconfig -p 2>/dev/null | awk '$1 == \"libnvidia-ml.so.1\" && /x86-64|AArch64/ {print $NF}' "
-        '| while read -r lib; do readlink -f "$lib"; done)',
-        'if [ -n "$nvml" ]; then echo "$nvml"; fi',
-        # The package owning the library the loader picks first (dpkg may know it without /usr).
-        marker("library_package"),
-        'first=$(echo "$nvml" | head -n 1)',
-        'if [ -n "$first" ] && command -v dpkg-query >/dev/null 2>&1; then '
-        'dpkg-query -S "$first" "${first#/usr}" 2>/dev/null | head -n 1; fi',
-        # Only with the module loaded: nvidia-smi (through nvidia-modprobe) would load it otherwise.
-        marker("smi"),
-        "if [ -d /sys/module/nvidia ] && command -v nvidia-smi >/dev/null 2>&1; then "
-        "nvidia-smi --query-gpu=driver_version --format=csv,noheader >/dev/null 2>&1; echo rc=$?; fi",
-    ]
-)
+_SHELL = Path(__file__).parent / "shell"
+# Print the loaded module's version, the userspace library, its package and nvidia-smi's status
+# (shell/nvidia-driver.sh).
+DRIVER_COMMAND = shell.command(shell.script(_SHELL / "nvidia-driver.sh"), "gpunode-nvidia-driver", MARK)
+# Print the NVIDIA module built for the running kernel and its version (shell/built-module.sh).
+_BUILT_MODULE = shell.command(shell.script(_SHELL / "built-module.sh"), "gpunode-built-module", MARK)
 
 
 DRIVER_PACKAGE_PATTERNS = (
@@ -134,7 +120,7 @@ class NvidiaDriver(FactBase[DriverInfo]):
 
     @override
     def command(self) -> str:
-        return DRIVER_SCRIPT
+        return DRIVER_COMMAND
 
     @staticmethod
     def default() -> DriverInfo:
@@ -189,17 +175,13 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
                 "dpkg --print-architecture 2>/dev/null || uname -m",
                 marker("kernel"),
                 "uname -r",
-                SECURE_BOOT_SCRIPT,
-                PCI_SCRIPT,
-                DRIVER_SCRIPT,
-                FABRIC_MANAGER_SCRIPT,
+                SECURE_BOOT_COMMAND,
+                PCI_COMMAND,
+                DRIVER_COMMAND,
+                FABRIC_MANAGER_COMMAND,
                 marker("packages"),
                 dpkg_query(*DRIVER_PACKAGE_PATTERNS),
-                marker("kmod"),
-                "find /lib/modules/\"$(uname -r)\" -name 'nvidia*.ko*' 2>/dev/null | head -n 1",
-                marker("kmod_version"),
-                'modinfo -k "$(uname -r)" -F version nvidia 2>/dev/null '
-                '|| modinfo -k "$(uname -r)" -F version nvidia-current 2>/dev/null || true',
+                _BUILT_MODULE,
             ]
         )
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TypedDict
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_sections
+from pyinfra_gpunode import shell
+from pyinfra_gpunode.sections import DPKG_FORMAT, MARK, parse_dpkg_status, split_sections
 
 
 class FabricManagerInfo(TypedDict):
@@ -20,15 +22,9 @@ class FabricManagerInfo(TypedDict):
     enabled: str | None
 
 
-FABRIC_MANAGER_SCRIPT = "; ".join(
-    [
-        marker("fm_packages"),
-        dpkg_query("nvidia-fabricmanager*", "libnvidia-nscq*"),
-        marker("fm_unit"),
-        "if command -v systemctl >/dev/null 2>&1; then "
-        "echo active=$(systemctl is-active nvidia-fabricmanager.service 2>/dev/null); "
-        "echo enabled=$(systemctl is-enabled nvidia-fabricmanager.service 2>/dev/null); fi",
-    ]
+# Print the Fabric Manager packages and its unit's state (shell/fabric-manager.sh).
+FABRIC_MANAGER_COMMAND = shell.command(
+    shell.script(Path(__file__).parent / "shell" / "fabric-manager.sh"), "gpunode-fabric-manager", MARK, DPKG_FORMAT
 )
 
 
@@ -63,7 +59,7 @@ class NvidiaFabricManager(FactBase[FabricManagerInfo]):
 
     @override
     def command(self) -> str:
-        return FABRIC_MANAGER_SCRIPT
+        return FABRIC_MANAGER_COMMAND
 
     @staticmethod
     def default() -> FabricManagerInfo:

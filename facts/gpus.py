@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TypedDict
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from pyinfra_gpunode.sections import marker, split_sections
+from pyinfra_gpunode import shell
+from pyinfra_gpunode.sections import MARK, split_sections
 
 # One NVIDIA PCI device ("class" is a keyword, hence the functional form).
 PciDevice = TypedDict("PciDevice", {"address": str, "class": str, "device": str})
@@ -21,16 +23,8 @@ class PciInfo(TypedDict):
     nvswitch: bool
 
 
-PCI_SCRIPT = "; ".join(
-    [
-        marker("pci"),
-        "for dev in /sys/bus/pci/devices/*; do v=; "  # read, not cat: one process less per device
-        'if [ -r "$dev/vendor" ] && read -r v < "$dev/vendor" && [ "$v" = 0x10de ]; then '
-        'echo "${dev##*/} $(cat "$dev/class") $(cat "$dev/device")"; fi; done',
-        marker("nvswitch"),
-        "if [ -d /proc/driver/nvidia-nvswitch/devices ]; then ls /proc/driver/nvidia-nvswitch/devices; fi",
-    ]
-)
+# Print the NVIDIA PCI devices and the NVSwitch driver's devices (shell/nvidia-pci.sh).
+PCI_COMMAND = shell.command(shell.script(Path(__file__).parent / "shell" / "nvidia-pci.sh"), "gpunode-nvidia-pci", MARK)
 
 
 def parse_pci(sections: dict[str, list[str]]) -> PciInfo:
@@ -67,7 +61,7 @@ class NvidiaGpus(FactBase[PciInfo]):
 
     @override
     def command(self) -> str:
-        return PCI_SCRIPT
+        return PCI_COMMAND
 
     @staticmethod
     def default() -> PciInfo:

@@ -4,36 +4,45 @@ from __future__ import annotations
 
 import base64
 import binascii
-import shlex
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypedDict
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from pyinfra_gpunode import shell
 from pyinfra_gpunode.containerd_dump import CriLoaded, parse_cri_loaded, parse_cri_start_log
 from pyinfra_gpunode.facts.containerd import (
+    CRI_LINES,
+    LOG_BYTES,
     STAGE,
     ContainerdVersion,
     DumpInfo,
-    _dump_script,
     _process_dump,
+    dump_command,
 )
 from pyinfra_gpunode.k0s import BIN_DIR
 from pyinfra_gpunode.platform import K0S_CONFIG, K0S_DROPINS, K0S_SOCKET
-from pyinfra_gpunode.sections import marker, split_sections
+from pyinfra_gpunode.sections import MARK, marker, split_sections
 from pyinfra_gpunode.versions import ContainerdVersionInfo
 
-# k0s' own containerd and ctr (in /var/lib/k0s/bin) before any other on PATH.
-_PATH = f'PATH={BIN_DIR}:"$PATH"; export PATH'
 FILE_BYTES = 1048576  # at most this much of each config file is read
-# Every containerd process with the systemd unit whose cgroup it runs in (cgroup v2, or v1's name=systemd).
-_PROCESSES = (
-    "for p in $(pgrep -x containerd 2>/dev/null); do "
-    'echo "$p $(awk -F: \'$3 != "/" && ($2 == "" || $2 == "name=systemd") '
-    '{n = split($3, a, "/"); print a[n]; exit}\' '
-    '/proc/$p/cgroup 2>/dev/null)"; done'
-)
+# Print a platform's containerd config files and processes (shell/platform-containerd.sh).
+_PLATFORM_CONTAINERD = shell.script(Path(__file__).parent / "shell" / "platform-containerd.sh")
+# Print a platform's CRI plugin start line and ctr's answer (shell/platform-cri.sh).
+_PLATFORM_CRI = shell.script(Path(__file__).parent / "shell" / "platform-cri.sh")
+# Print a platform's candidate config's dump, staged in a temporary directory (shell/platform-candidate-dump.sh).
+_PLATFORM_CANDIDATE_DUMP = shell.script(Path(__file__).parent / "shell" / "platform-candidate-dump.sh")
+
+
+def platform_cri_command(bin_dir: str, address: str, *source: str) -> str:
+    """What the CRI plugin of a platform's containerd (its binaries in ``bin_dir``) loaded: its start or failure
+    line from ``source`` (``"pid", PID``: the journal's lines of that process; ``"log", LOG, OFFSET``: the file's
+    last one past that byte), and the CRI plugins' status from ``ctr plugins ls`` on the socket ``address``."""
+    return shell.command(
+        _PLATFORM_CRI, "gpunode-platform-cri", MARK, CRI_LINES, bin_dir, address, str(LOG_BYTES), *source
+    )
 
 
 class K0sContainerdInfo(TypedDict):
@@ -91,15 +100,9 @@ def tree_command(bin_dir: str, config: str, dropins: str, extra: list[str] | Non
             f'PATH={bin_dir}:"$PATH"; export PATH',
             marker("version"),
             f"if {has_containerd}; then containerd --version; fi",
-            marker("files"),
-            f"for f in {config} {dropins}/*.toml; do "
-            'if [ -f "$f" ] && [ -r "$f" ]; then '
-            'echo "$(stat -L -c %a "$f") $(printf %s "$f" | base64 -w0) '
-            f'$(head -c {FILE_BYTES} "$f" | base64 -w0)"; fi; done',
+            shell.command(_PLATFORM_CONTAINERD, "gpunode-platform-containerd", MARK, config, dropins, str(FILE_BYTES)),
             marker("dump"),
-            f"if {has_containerd}; then {_dump_script(config)}; fi",
-            marker("processes"),
-            _PROCESSES,
+            f"if {has_containerd}; then {dump_command(config)}; fi",
             *(extra or []),
         ]
     )
@@ -168,33 +171,14 @@ def candidate_command(bin_dir: str, config: str, dropins: str, dropin_path: str)
     """What ``K0sCandidateDump`` (and a platform's like fact) runs: ``config`` (from stdin) and
     ``dropins``/*.toml copied into a stage with the drop-in ``dropin_path`` (from stdin), dumped by the
     platform's containerd (``bin_dir`` first)."""
-    staged = f'"$S"{shlex.quote(dropin_path)}'
-    return (
-        f'PATH={bin_dir}:"$PATH"; export PATH; T=$(mktemp -d) && trap \'rm -rf "$T"\' EXIT && S="$T/stage" && '
-        f'mkdir -p "$S"{dropins} && '
-        'if { { read -r c && read -r d || { echo "no candidate config on stdin" >&2; false; }; } && '
-        f'ok=1; for f in {dropins}/*.toml; do if [ -f "$f" ]; then cat "$f" > "$S$f" || ok=0; fi; done; '
-        '[ "$ok" = 1 ] && '
-        f'printf %s "$c" | base64 -d | sed "s#{STAGE}#$S#g" > "$S"{config} && '
-        f'rm -f {staged} && printf %s "$d" | base64 -d > {staged}; }} 2>"$T/err"; then '
-        f'containerd --config "$S"{config} config dump 2>"$T/err"; rc=$?; else rc=stage; fi; '
-        'echo "### gpunode-stderr"; sed "s#$S##g" "$T/err"; echo "### gpunode-rc $rc"'
+    return shell.command(
+        _PLATFORM_CANDIDATE_DUMP, "gpunode-platform-candidate-dump", bin_dir, config, dropins, dropin_path, STAGE
     )
 
 
 class CriLoadedFromLog:
-    """What ``K0sCriLoaded`` and ``RancherCriLoaded`` share: the ``ctr`` section of their command, their
+    """What ``K0sCriLoaded`` and ``RancherCriLoaded`` share (their commands: ``platform_cri_command``): their
     value where neither a start line nor ``ctr`` answered, and how their output is read."""
-
-    @staticmethod
-    def ctr_section(address: str) -> list[str]:
-        """The CRI plugins' status from ``ctr plugins ls`` on the socket ``address``, where it is one."""
-        ctr = f"timeout 10 ctr --address {address} plugins ls"
-        return [
-            marker("ctr"),
-            f"if [ -S {address} ] && command -v ctr >/dev/null 2>&1; then "
-            f"{ctr} 2>/dev/null | grep -E '^io[.]containerd[.](grpc[.]v1 +cri|cri[.]v1) ' || true; fi",
-        ]
 
     @staticmethod
     def default() -> CriLoaded:
@@ -222,14 +206,4 @@ class K0sCriLoaded(CriLoadedFromLog, FactBase[CriLoaded]):
 
     @override
     def command(self, pid: int) -> str:
-        return "; ".join(
-            [
-                _PATH,
-                marker("journal"),
-                f"journalctl --no-pager -o cat _PID={int(pid)} 2>/dev/null | "
-                "grep -E 'failed to load plugin io.containerd.(grpc.v1.cri|cri)|"
-                'failed to load plugin" error=.* id=io.containerd.(grpc.v1.cri|cri.v1.[a-z]+)( |$)|'
-                "Start cri plugin with config|starting cri plugin' || true",
-                *self.ctr_section(K0S_SOCKET),
-            ]
-        )
+        return platform_cri_command(BIN_DIR, K0S_SOCKET, "pid", str(int(pid)))

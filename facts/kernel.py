@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
-import shlex
+from pathlib import Path
 from typing import ClassVar, TypedDict, cast
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from pyinfra_gpunode import shell
 from pyinfra_gpunode.facts._composite import Part, joined_command, split_values
 from pyinfra_gpunode.facts.unattended_upgrades import UnattendedUpgradesInfo, UnattendedUpgradesState
-from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_sections
+from pyinfra_gpunode.sections import DPKG_FORMAT, MARK, parse_dpkg_status, split_sections
 
 SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
-SECURE_BOOT_SCRIPT = "; ".join(
-    [
-        marker("secureboot"),
-        "if [ ! -d /sys/firmware/efi ]; then echo bios; "
-        f"elif [ -r {SECURE_BOOT_VAR} ]; then echo efivar $(od -An -t u1 -j 4 -N 1 {SECURE_BOOT_VAR}); "
-        "elif command -v mokutil >/dev/null 2>&1; then echo mokutil $(mokutil --sb-state 2>&1 | head -n 1); "
-        "else echo unknown; fi",
-    ]
+_SHELL = Path(__file__).parent / "shell"
+# Print how the node booted: BIOS, the Secure Boot variable's value or mokutil's word (shell/secure-boot.sh).
+SECURE_BOOT_COMMAND = shell.command(
+    shell.script(_SHELL / "secure-boot.sh"), "gpunode-secure-boot", MARK, SECURE_BOOT_VAR
 )
+# Print the running kernel, the kernel packages, the boot kernel and whether nouveau is loaded
+# (shell/kernel-state.sh).
+_KERNEL_STATE = shell.command(shell.script(_SHELL / "kernel-state.sh"), "gpunode-kernel-state", MARK, DPKG_FORMAT)
+# Print whether nouveau is loaded, the initramfs note and the blacklist file (shell/nouveau-blacklist.sh).
+_NOUVEAU_BLACKLIST = shell.script(_SHELL / "nouveau-blacklist.sh")
 
 
 def parse_secure_boot(lines: list[str]) -> bool | None:
@@ -81,19 +83,7 @@ class KernelState(FactBase[KernelInfo]):
 
     @override
     def command(self) -> str:
-        return "; ".join(
-            [
-                marker("running"),
-                "uname -r",
-                marker("packages"),
-                dpkg_query("linux-*"),
-                marker("boot"),
-                'for link in /vmlinuz /boot/vmlinuz; do if [ -L "$link" ]; then readlink "$link"; fi; done',
-                SECURE_BOOT_SCRIPT,
-                marker("nouveau"),
-                "if [ -d /sys/module/nouveau ]; then echo loaded; fi",
-            ]
-        )
+        return f"{_KERNEL_STATE}; {SECURE_BOOT_COMMAND}"
 
     @staticmethod
     def default() -> KernelInfo:
@@ -133,7 +123,7 @@ class KernelSecureBoot(FactBase[bool | None]):
 
     @override
     def command(self) -> str:
-        return SECURE_BOOT_SCRIPT
+        return SECURE_BOOT_COMMAND
 
     @staticmethod
     def default() -> None:
@@ -177,15 +167,7 @@ class NouveauBlacklist(FactBase[NouveauBlacklistInfo]):
 
     @override
     def command(self, path: str) -> str:
-        stamp = shlex.quote(initramfs_stamp(path))
-        return "; ".join(
-            [
-                marker("nouveau"),
-                "if [ -d /sys/module/nouveau ]; then echo loaded; fi",
-                f"if [ -f {stamp} ]; then {marker('initramfs')}; cat {stamp}; fi",
-                f"if [ -f {shlex.quote(path)} ]; then {marker('content')}; cat {shlex.quote(path)}; fi",
-            ]
-        )
+        return shell.command(_NOUVEAU_BLACKLIST, "gpunode-nouveau-blacklist", MARK, path, initramfs_stamp(path))
 
     @staticmethod
     def default() -> NouveauBlacklistInfo:

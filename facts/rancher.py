@@ -6,11 +6,12 @@ from pyinfra.api import FactBase
 from typing_extensions import override
 
 from pyinfra_gpunode.containerd_dump import CriLoaded
-from pyinfra_gpunode.facts.containerd import _CRI_LINES, LOG_BYTES, DumpInfo, _process_dump
+from pyinfra_gpunode.facts.containerd import DumpInfo, _process_dump
 from pyinfra_gpunode.facts.k0s import (
     CriLoadedFromLog,
     K0sContainerdInfo,
     candidate_command,
+    platform_cri_command,
     process_tree,
     tree_command,
 )
@@ -113,13 +114,4 @@ class RancherCriLoaded(CriLoadedFromLog, FactBase[CriLoaded]):
     @override
     def command(self, program: str, offset: int = 0) -> str:
         log = rancher_log(_program(program))
-        return "; ".join(
-            [
-                f'PATH={bin_dir(program)}:"$PATH"; export PATH',
-                marker("journal"),
-                f"o={int(offset)}; if [ -f {log} ] && [ -r {log} ]; then "
-                f'if [ "$(stat -L -c %s {log})" -lt "$o" ]; then o=0; fi; '
-                f'tail -c +"$((o + 1))" {log} | tail -c {LOG_BYTES} | {_CRI_LINES} | tail -n 1; fi',
-                *self.ctr_section(K3S_SOCKET),
-            ]
-        )
+        return platform_cri_command(bin_dir(program), K3S_SOCKET, "log", log, str(int(offset)))

@@ -6,11 +6,13 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar, NotRequired, TypedDict, cast
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from pyinfra_gpunode import shell
 from pyinfra_gpunode.containerd_dump import CriLoaded
 from pyinfra_gpunode.containerd_files import resolve_tree
 from pyinfra_gpunode.facts._composite import Part, joined_command, part_values
@@ -22,9 +24,9 @@ from pyinfra_gpunode.facts.containerd import (
     ContainerdNodeStateInfo,
     ContainerdService,
     ContainerdVersion,
-    _dump_script,
     _process_dump,
     cri_loaded_command,
+    dump_command,
     service_command,
 )
 from pyinfra_gpunode.facts.driver import NvidiaHostState, NvidiaHostStateInfo
@@ -39,13 +41,8 @@ PART = "@@gpunode-readiness:"
 _HAS = "command -v {} >/dev/null 2>&1"
 _JOURNAL = "journalctl --no-pager -q -o short-iso-precise"
 
-XID_SCRIPT = (
-    f'if {_HAS.format("journalctl")} && [ -n "$(journalctl -k -b -n 1 --no-pager -q 2>/dev/null)" ]; then '
-    f"echo source=journal; {_JOURNAL} -k -b; "
-    "elif dmesg >/dev/null 2>&1; then echo source=dmesg; dmesg; fi | "
-    "awk '/^source=/ {print; next} /NVRM: Xid/ {n++; last[n] = $0} "
-    'END {print "count=" n + 0; for (i = (n > 10 ? n - 9 : 1); i <= n; i++) print last[i]}\''
-)
+# Print where the kernel's log was read, the count of NVIDIA Xid events and the last ten (shell/xid-events.sh).
+XID_SCRIPT = shell.command(shell.script(Path(__file__).parent / "shell" / "xid-events.sh"), "gpunode-xid-events")
 
 
 def signals_script(unit: str = "containerd.service") -> str:
@@ -60,13 +57,14 @@ def signals_script(unit: str = "containerd.service") -> str:
 
 SIGNALS_SCRIPT = signals_script()
 FILE_BYTES = 1048576  # at most this much of each config file of a platform's containerd is read
+# Print a platform's containerd config and the *.toml beside it (shell/platform-files.sh).
+_PLATFORM_FILES = shell.script(Path(__file__).parent / "shell" / "platform-files.sh")
 
 
 def platform_script(where: PlatformContainerd) -> str:
     """What the readiness chain reads of a platform's own containerd (k3s, RKE2, k0s), behind markers after
     ``ContainerdNodeState``'s: its binary's version, its config and the ``*.toml`` beside it (as
     ``ContainerdConfigFiles`` prints them), the node's own ``config dump`` of it, and its unit's state."""
-    config, root = shlex.quote(where["config"]), shlex.quote(where["root"])
     has_containerd = "command -v containerd >/dev/null 2>&1"
     return "; ".join(
         [
@@ -74,13 +72,9 @@ def platform_script(where: PlatformContainerd) -> str:
             marker("platform_version"),
             f"if {has_containerd}; then containerd --version; fi",
             marker("platform_files"),
-            f"echo main {config}",
-            f"{{ echo {config}; find -L {root} -maxdepth 2 -name '*.toml' -type f 2>/dev/null; }} | sort -u | "
-            'while read -r f; do if [ -r "$f" ] && [ -f "$f" ]; then b=$(printf %s "$f" | base64 -w0); '
-            f'echo "file $(stat -L -c %Y "$f") $b $(head -c {FILE_BYTES} "$f" | base64 -w0)"; '
-            'echo "mode $(stat -L -c %a "$f") $b"; echo "owner $(stat -L -c %u:%g "$f") $b"; fi; done',
+            shell.command(_PLATFORM_FILES, "gpunode-platform-files", where["config"], where["root"], str(FILE_BYTES)),
             marker("platform_dump"),
-            f"if {has_containerd}; then {_dump_script(config)}; fi",
+            f"if {has_containerd}; then {dump_command(where['config'])}; fi",
             marker("platform_service"),
             "if command -v systemctl >/dev/null 2>&1; then "
             f"{service_command(unit=where['unit'], config_root=where['root'], generated=where['config'])}; fi",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TypedDict
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_sections
+from pyinfra_gpunode import shell
+from pyinfra_gpunode.sections import DPKG_FORMAT, MARK, parse_dpkg_status, split_sections
 
 
 class ToolkitInfo(TypedDict):
@@ -32,16 +34,14 @@ TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
 TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 
 
-def primary_fingerprints(path: str) -> str:
-    """Shell printing the primary keys' fingerprints in the key file ``path`` (a shell word), one a line.
+# Print nvidia-ctk, the toolkit packages, the runtime, the keyring's keys and the apt source
+# (shell/container-toolkit.sh).
+_READ = shell.script(Path(__file__).parent / "shell" / "container-toolkit.sh")
 
-    Subkeys are not listed. gpg runs in a throwaway home, so the node's own ``~/.gnupg`` is not created.
-    """
-    return (
-        f'gpghome=$(mktemp -d) && {{ gpg --homedir "$gpghome" --batch --show-keys --with-colons {path} 2>/dev/null '
-        '| awk -F: \'$1 == "pub" {want = 1} $1 == "sub" {want = 0} $1 == "fpr" && want {print $10; want = 0}\'; '
-        'rm -rf "$gpghome"; }'
-    )
+
+def toolkit_command(keyring: str = TOOLKIT_KEYRING, source_list: str = TOOLKIT_LIST) -> str:
+    """``NvidiaContainerToolkit``'s command, reading the keyring ``keyring`` and the apt source ``source_list``."""
+    return shell.command(_READ, "gpunode-container-toolkit", MARK, DPKG_FORMAT, keyring, source_list, *TOOLKIT_PACKAGES)
 
 
 class NvidiaContainerToolkit(FactBase[ToolkitInfo]):
@@ -66,22 +66,7 @@ class NvidiaContainerToolkit(FactBase[ToolkitInfo]):
 
     @override
     def command(self) -> str:
-        return "; ".join(
-            [
-                marker("ctk"),
-                "if command -v nvidia-ctk >/dev/null 2>&1; then nvidia-ctk --version 2>/dev/null | head -n 1; fi",
-                marker("ctk_path"),
-                "command -v nvidia-ctk || true",
-                marker("packages"),
-                dpkg_query(*TOOLKIT_PACKAGES),
-                marker("runtime"),
-                "command -v nvidia-container-runtime || true",
-                marker("keyring"),
-                f"if [ -f {TOOLKIT_KEYRING} ] && command -v gpg >/dev/null 2>&1; then "
-                f"{primary_fingerprints(TOOLKIT_KEYRING)}; fi",
-                f"if [ -f {TOOLKIT_LIST} ]; then {marker('list')}; cat {TOOLKIT_LIST}; fi",
-            ]
-        )
+        return toolkit_command()
 
     @staticmethod
     def default() -> ToolkitInfo:

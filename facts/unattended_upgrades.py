@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import shlex
+from pathlib import Path
 from typing import TypedDict
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from pyinfra_gpunode import shell
 from pyinfra_gpunode.needrestart import NeedrestartInfo, parse_needrestart_conf
-from pyinfra_gpunode.sections import dpkg_query, marker, parse_dpkg_status, split_sections
+from pyinfra_gpunode.sections import DPKG_FORMAT, MARK, parse_dpkg_status, split_sections
 from pyinfra_gpunode.unattended import SERVICE, TIMERS, parse_apt_config_dump, unattended_enabled
 
 APT_CONF = "/etc/apt/apt.conf.d/99gpunode-unattended-upgrades"
 NEEDRESTART_CONF = "/etc/needrestart/conf.d/90-gpunode.conf"
+# Print the packages, apt's periodic settings, the units, needrestart's settings and this library's own
+# files (shell/unattended-upgrades.sh).
+_READ = shell.script(Path(__file__).parent / "shell" / "unattended-upgrades.sh")
 
 
 class UnattendedUpgradesInfo(TypedDict):
@@ -56,26 +60,8 @@ class UnattendedUpgradesState(FactBase[UnattendedUpgradesInfo]):
 
     @override
     def command(self, apt_conf: str = APT_CONF, needrestart_conf: str = NEEDRESTART_CONF) -> str:
-        units = " ".join((*TIMERS, SERVICE))
-        return "; ".join(
-            [
-                marker("packages"),
-                dpkg_query("unattended-upgrades", "needrestart"),
-                marker("dump"),
-                "apt-config dump 2>/dev/null | grep -E '^(APT::Periodic|Unattended-Upgrade::Package-Blacklist)'"
-                " || true",
-                marker("units"),
-                f"for unit in {units}; do "
-                'printf "%s=%s\\n" "$unit" "$(systemctl is-enabled "$unit" 2>/dev/null)"; done',
-                marker("needrestart"),
-                "for f in /etc/needrestart/needrestart.conf /etc/needrestart/conf.d/*.conf; do "
-                'if [ -f "$f" ]; then '
-                "grep -hE '^[[:space:]]*([$]nrconf[{](restart|override_rc)[}]|qr[(].*[)][[:space:]]*=>)' \"$f\"; "
-                "fi; done || true",
-                f"if [ -f {shlex.quote(apt_conf)} ]; then {marker('apt_conf')}; cat {shlex.quote(apt_conf)}; fi",
-                f"if [ -f {shlex.quote(needrestart_conf)} ]; then {marker('needrestart_conf')}; "
-                f"cat {shlex.quote(needrestart_conf)}; fi",
-            ]
+        return shell.command(
+            _READ, "gpunode-unattended-upgrades", MARK, DPKG_FORMAT, apt_conf, needrestart_conf, *TIMERS, SERVICE
         )
 
     @override

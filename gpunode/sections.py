@@ -5,6 +5,7 @@ A command prints ``@@name`` before each part; lines before the first marker are 
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
 from typing import TypedDict
 
@@ -69,10 +70,10 @@ def parse_dpkg_status(lines: Iterable[str]) -> dict[str, PackageStatus]:
     return packages
 
 
-DPKG_FORMAT = "'${db:Status-Abbrev}\\t${Package}\\t${Version}\\n'"
+DPKG_FORMAT = "${db:Status-Abbrev}\\t${Package}\\t${Version}\\n"  # what parse_dpkg_status reads
 
 
 def dpkg_query(*patterns: str) -> str:
     """Shell: list packages matching ``patterns`` with status, name and version; exit 0 on none."""
     quoted = " ".join(f"'{pattern}'" for pattern in patterns)
-    return f"dpkg-query -W -f={DPKG_FORMAT} {quoted} 2>/dev/null || true"
+    return f"dpkg-query -W -f={shlex.quote(DPKG_FORMAT)} {quoted} 2>/dev/null || true"

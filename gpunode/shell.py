@@ -22,6 +22,13 @@ def script(path: Path) -> str:
     )
 
 
+class Expanded(str):
+    """An argument the calling shell expands, e.g. ``Expanded('"$cfg"')`` for a variable an earlier part of
+    the same command set: ``command`` passes it as written, unquoted."""
+
+
 def command(script_text: str, name: str, *args: str) -> str:
-    """``sh -c`` running ``script_text`` as ``$0`` ``name`` with positional ``args``, each quoted."""
-    return shlex.join(["sh", "-c", script_text, name, *args])
+    """``sh -c`` running ``script_text`` as ``$0`` ``name`` with positional ``args``, each quoted (an
+    ``Expanded`` one as written)."""
+    words = ["sh", "-c", script_text, name, *args]
+    return " ".join(word if isinstance(word, Expanded) else shlex.quote(word) for word in words)

@@ -6,7 +6,8 @@
 #   process PID UNIT              every containerd process and the systemd unit it runs in
 #   toolkit PATH                  the toolkit's runtime where k3s and RKE2 look for it
 #   runtimes PATH NAME...         the CRI runtimes the config k3s or RKE2 generated defines
-# Reads only. Usage: sh -c "$script" gpunode-containerd-platform
+# Reads only.
+# Usage: sh -c "$script" gpunode-containerd-platform
 # Exit status: 0.
 for f in /var/lib/rancher/k3s/agent/etc/containerd/config.toml \
     /var/lib/rancher/rke2/agent/etc/containerd/config.toml /etc/k0s/containerd.toml; do

@@ -7,7 +7,6 @@ Keys are generated in a throwaway GNUPGHOME; the install script fetches its key 
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pyinfra_gpunode.facts.toolkit import NvidiaContainerToolkit, primary_fingerprints
+from pyinfra_gpunode.facts.toolkit import NvidiaContainerToolkit, toolkit_command
 from pyinfra_gpunode.operations.toolkit import keyring_script
 from pyinfra_gpunode.toolkit_plan import keyring_needs_pin, toolkit_source
 
@@ -41,15 +40,14 @@ def new_key(home: Path, uid: str, subkey: bool = False) -> str:
 
 
 def fingerprints(path: Path, tmp: Path) -> list[str]:
-    """What the fact reports for the keyring ``path`` (its own shell, run for real)."""
+    """What the fact reports for the keyring ``path`` (its own command, run for real: it only reads)."""
     home = tmp / "fact-home"
     home.mkdir(exist_ok=True)
     env = {"PATH": os.environ["PATH"], "HOME": str(home)}
-    done = subprocess.run(
-        ["sh", "-c", primary_fingerprints(shlex.quote(str(path)))], capture_output=True, text=True, env=env
-    )
+    command = toolkit_command(keyring=str(path), source_list=str(tmp / "absent.list"))
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
     assert not (home / ".gnupg").exists(), "reading a keyring created ~/.gnupg"
-    return list(NvidiaContainerToolkit().process(["@@keyring", *done.stdout.splitlines()])["keyring_fingerprints"])
+    return list(NvidiaContainerToolkit().process(done.stdout.splitlines())["keyring_fingerprints"])
 
 
 @pytest.fixture

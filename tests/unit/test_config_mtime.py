@@ -8,16 +8,23 @@ import os
 import subprocess
 from pathlib import Path
 
+from pyinfra_gpunode import shell
 from pyinfra_gpunode.facts import containerd
 
 
-def newest(root: Path, main: Path) -> float:
-    command = containerd._CONFIG_MTIMES.replace(containerd.CONFIG_ROOT, str(root))
+def newest(root: Path, main: Path, tmp: Path, skip: str = "") -> float | None:
+    """The fact's config mtime from its own program, over ``root`` and ``main`` (systemctl and pgrep stubbed)."""
+    stubs = tmp / "stubs"
+    stubs.mkdir(exist_ok=True)
+    for name in ("systemctl", "pgrep"):
+        (stubs / name).write_text("#!/bin/sh\nexit 1\n")
+        (stubs / name).chmod(0o755)
+    command = shell.command(containerd._SERVICE, "gpunode-containerd-service", "containerd", skip, str(root), str(main))
     out = subprocess.run(
-        ["sh", "-c", f'cfg="$1"; {command} | sort -n | tail -n 1', "mtime", str(main)],
-        capture_output=True, text=True, check=True,
+        ["sh", "-c", command], capture_output=True, text=True, check=True,
+        env={"PATH": f"{stubs}:{os.environ['PATH']}"},
     )  # fmt: skip
-    return float(out.stdout)
+    return containerd.ContainerdService().process(out.stdout.splitlines())["config_mtime"]
 
 
 def test_an_edit_through_a_symlinked_drop_in_counts(tmp_path: Path) -> None:
@@ -32,11 +39,26 @@ def test_an_edit_through_a_symlinked_drop_in_counts(tmp_path: Path) -> None:
     for path in (main, target):
         os.utime(path, (1000, 1000))
     os.utime(root / "conf.d" / "registry.toml", (1000, 1000), follow_symlinks=False)
-    assert newest(root, main) == 1000
+    assert newest(root, main, tmp_path) == 1000
 
     os.utime(target, (5000, 5000))  # edited through the link
-    assert newest(root, main) == 5000
+    assert newest(root, main, tmp_path) == 5000
 
     os.utime(target, (1000, 1000))
     os.utime(root / "conf.d" / "registry.toml", (7000, 7000), follow_symlinks=False)  # the link replaced
-    assert newest(root, main) == 7000
+    assert newest(root, main, tmp_path) == 7000
+
+
+def test_the_file_the_platform_generates_does_not_count(tmp_path: Path) -> None:
+    root = tmp_path / "containerd"
+    root.mkdir()
+    generated, dropin = root / "config.toml", root / "config.toml.d" / "99-nvidia.toml"
+    dropin.parent.mkdir()
+    generated.write_text("version = 2\n")
+    dropin.write_text("version = 2\n")
+    os.utime(dropin, (1000, 1000))
+    os.utime(generated, (9000, 9000))  # written at each start of the unit
+    os.utime(dropin.parent, (1000, 1000))
+    os.utime(root, (1000, 1000))
+    assert newest(root, root, tmp_path) == 9000
+    assert newest(root, root, tmp_path, skip=str(generated)) == 1000

@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from pyinfra_gpunode.facts.containerd import ContainerdNodeState
+from pyinfra_gpunode.facts.containerd import ContainerdNodeState, cri_loaded_command, service_command
 from pyinfra_gpunode.facts.readiness import NodeReadiness, platform_script, with_platform
 from pyinfra_gpunode.platform import (
     K0S_SOCKET,
@@ -235,10 +235,9 @@ def test_the_readiness_read_of_a_k3s_node_is_its_unit_config_and_socket() -> Non
     where = platform_containerd("k3s", "k3s-agent.service")
     command = NodeReadiness().command("/usr/bin/nvidia-container-runtime", platform="k3s", unit="k3s-agent.service")
     assert where is not None and platform_script(where) in command
-    assert "systemctl show -p InvocationID --value k3s-agent.service" in command
-    assert "ctr --address /run/k3s/containerd/containerd.sock plugins ls" in command
-    assert "tail -c 16777216 /var/lib/rancher/k3s/agent/containerd/containerd.log" in command
-    assert f"-type f ! -path {K3S_CONFIG} -printf" in command
+    log = "/var/lib/rancher/k3s/agent/containerd/containerd.log"
+    assert cri_loaded_command("/run/k3s/containerd/containerd.sock", "k3s-agent.service", log) in command
+    assert service_command("k3s-agent.service", where["root"], K3S_CONFIG) in command
     assert "journalctl --no-pager -q -o short-iso-precise -u k3s-agent.service" in command
     assert NodeReadiness().command("/usr/bin/nvidia-container-runtime") == NodeReadiness().command(
         "/usr/bin/nvidia-container-runtime", platform="eks-nodeadm", unit="nodeadm-run.service"

@@ -1,0 +1,41 @@
+# shellcheck shell=sh
+# Print `containerd config dump` of a candidate config tree, as config-dump.sh prints it: every *.toml
+# under ROOT (read through symbolic links) copied into a new temporary directory, with the candidate
+# CONFIG and DROPIN written over their copies, each from a base64 line of stdin (CONFIG's first).
+# STAGE in the candidates' text becomes the stage's path; the stage's path in containerd's messages
+# becomes the node's own again, so its warnings compare with the node's. The stage is removed on exit;
+# nothing is written outside it. Where the stage cannot be made the exit status line is `stage`.
+# Usage: sh -c "$script" gpunode-candidate-dump ROOT CONFIG DROPIN STAGE <CANDIDATES
+# Exit status: 0 (non-zero only where no temporary directory could be made: nothing is printed then).
+root=$1 config=$2 dropin=$3 stage=$4
+T=$(mktemp -d) || exit
+trap 'rm -rf "$T"' EXIT
+S="$T/stage"
+mkdir "$S" || exit
+
+# Write the base64 text $2 to the stage's copy of the path $1.
+staged() {
+    mkdir -p "$(dirname "$S$1")" && rm -f "$S$1" && printf %s "$2" | base64 -d | sed "s#$stage#$S#g" >"$S$1"
+}
+
+# Copy every *.toml under ROOT into the stage and write the candidates there (their text from stdin).
+stage_candidate() {
+    if ! { read -r c && read -r d; }; then
+        echo "no candidate config on stdin" >&2
+        return 1
+    fi
+    find -L "$root" -name "*.toml" -type f 2>/dev/null | while read -r f; do
+        mkdir -p "$S$(dirname "$f")" && cat "$f" >"$S$f" || exit 1
+    done || return 1
+    staged "$config" "$c" && staged "$dropin" "$d"
+}
+
+if stage_candidate 2>"$T/err"; then
+    containerd --config "$S$config" config dump 2>"$T/err"
+    rc=$?
+else
+    rc=stage
+fi
+echo "### gpunode-stderr"
+sed "s#$S##g" "$T/err"
+echo "### gpunode-rc $rc"

@@ -1,0 +1,19 @@
+# shellcheck shell=sh
+# Print what keeps nouveau off the node, each part after a line MARK<name>:
+#   nouveau    "loaded" while the nouveau module is
+#   initramfs  the text of STAMP, the note of the initramfs rebuilt with the blacklist (absent without it)
+#   content    the text of BLACKLIST, the modprobe file (absent without it)
+# Usage: sh -c "$script" gpunode-nouveau-blacklist MARK BLACKLIST STAMP
+# Exit status: 0.
+mark=$1 blacklist=$2 stamp=$3
+echo "${mark}nouveau"
+if [ -d /sys/module/nouveau ]; then echo loaded; fi
+if [ -f "$stamp" ]; then
+    echo "${mark}initramfs"
+    cat "$stamp"
+fi
+if [ -f "$blacklist" ]; then
+    echo "${mark}content"
+    cat "$blacklist"
+fi
+exit 0

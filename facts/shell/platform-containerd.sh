@@ -1,0 +1,22 @@
+# shellcheck shell=sh
+# Print a platform's own containerd config files and processes (k3s, RKE2, k0s), each part after a line
+# MARK<name>:
+#   files      for CONFIG and each DROPINS/*.toml, a regular readable file: a line
+#              BITS B64PATH B64TEXT (permission bits in octal; path and at most LIMIT bytes of text in base64)
+#   processes  every containerd process: a line PID UNIT, the systemd unit whose cgroup it runs in
+#              (cgroup v2, or v1's name=systemd line; empty where none)
+# Usage: sh -c "$script" gpunode-platform-containerd MARK CONFIG DROPINS LIMIT
+# Exit status: 0.
+mark=$1 config=$2 dropins=$3 limit=$4
+echo "${mark}files"
+for f in "$config" "$dropins"/*.toml; do
+    if [ -f "$f" ] && [ -r "$f" ]; then
+        echo "$(stat -L -c %a "$f") $(printf %s "$f" | base64 -w0) $(head -c "$limit" "$f" | base64 -w0)"
+    fi
+done
+echo "${mark}processes"
+for p in $(pgrep -x containerd 2>/dev/null); do
+    echo "$p $(awk -F: '$3 != "/" && ($2 == "" || $2 == "name=systemd") {n = split($3, a, "/"); print a[n]; exit}' \
+        "/proc/$p/cgroup" 2>/dev/null)"
+done
+exit 0
