@@ -285,7 +285,9 @@ class ContainerdCandidateDump(FactBase[DumpInfo | None]):
 
     @override
     def command(self, config_path: str, dropin_path: str) -> str:
-        return shell.command(_CANDIDATE_DUMP, "gpunode-candidate-dump", CONFIG_ROOT, config_path, dropin_path, STAGE)
+        return shell.command(
+            _CANDIDATE_DUMP, "gpunode-candidate-dump", "", CONFIG_ROOT, config_path, dropin_path, STAGE
+        )
 
     @override
     def process(self, output: list[str]) -> DumpInfo:

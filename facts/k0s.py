@@ -14,6 +14,7 @@ from typing_extensions import override
 from pyinfra_gpunode import shell
 from pyinfra_gpunode.containerd_dump import CriLoaded, parse_cri_loaded, parse_cri_start_log
 from pyinfra_gpunode.facts.containerd import (
+    _CANDIDATE_DUMP,
     CRI_LINES,
     LOG_BYTES,
     STAGE,
@@ -32,8 +33,6 @@ FILE_BYTES = 1048576  # at most this much of each config file is read
 _PLATFORM_CONTAINERD = shell.script(Path(__file__).parent / "shell" / "platform-containerd.sh")
 # Print a platform's CRI plugin start line and ctr's answer (shell/platform-cri.sh).
 _PLATFORM_CRI = shell.script(Path(__file__).parent / "shell" / "platform-cri.sh")
-# Print a platform's candidate config's dump, staged in a temporary directory (shell/platform-candidate-dump.sh).
-_PLATFORM_CANDIDATE_DUMP = shell.script(Path(__file__).parent / "shell" / "platform-candidate-dump.sh")
 
 
 def platform_cri_command(bin_dir: str, address: str, *source: str) -> str:
@@ -145,8 +144,8 @@ def candidate_input(main_text: str, dropin_text: str) -> str:
 class K0sCandidateDump(FactBase[DumpInfo | None]):
     """
     Returns ``config dump`` (by k0s' own containerd) of the k0s config tree with our drop-in as
-    planned: ``/etc/k0s/containerd.toml`` and ``/etc/k0s/containerd.d/*.toml`` copied into a
-    temporary directory, the drop-in put beside them, removed afterwards. Nothing is written outside
+    planned: ``/etc/k0s/containerd.toml`` and every ``*.toml`` under ``/etc/k0s/containerd.d`` copied into
+    a temporary directory, the drop-in put beside them, removed afterwards. Nothing is written outside
     the stage (a write into ``/etc/k0s/containerd.d`` would restart k0s' containerd). The texts come
     on stdin (``_stdin=candidate_input(main_text, dropin_text)``); import entries that start with
     ``@GPUNODE_STAGE@`` point into the stage.
@@ -168,12 +167,10 @@ class K0sCandidateDump(FactBase[DumpInfo | None]):
 
 
 def candidate_command(bin_dir: str, config: str, dropins: str, dropin_path: str) -> str:
-    """What ``K0sCandidateDump`` (and a platform's like fact) runs: ``config`` (from stdin) and
-    ``dropins``/*.toml copied into a stage with the drop-in ``dropin_path`` (from stdin), dumped by the
-    platform's containerd (``bin_dir`` first)."""
-    return shell.command(
-        _PLATFORM_CANDIDATE_DUMP, "gpunode-platform-candidate-dump", bin_dir, config, dropins, dropin_path, STAGE
-    )
+    """What ``K0sCandidateDump`` (and a platform's like fact) runs: every ``*.toml`` under ``dropins`` copied into
+    a stage with ``config`` and the drop-in ``dropin_path`` (both from stdin), dumped by the platform's containerd
+    (``bin_dir`` first)."""
+    return shell.command(_CANDIDATE_DUMP, "gpunode-candidate-dump", bin_dir, dropins, config, dropin_path, STAGE)
 
 
 class CriLoadedFromLog:

@@ -73,8 +73,8 @@ class RancherContainerd(FactBase[RancherContainerdInfo]):
 
 class RancherCandidateDump(FactBase[DumpInfo | None]):
     """
-    Returns ``config dump`` (by the agent's own containerd) of the agent's generated config and its
-    ``config-v3.toml.d/*.toml`` with our drop-in as planned, copied into a temporary directory, removed
+    Returns ``config dump`` (by the agent's own containerd) of the agent's generated config and every
+    ``*.toml`` under its ``config-v3.toml.d`` with our drop-in as planned, copied into a temporary directory, removed
     afterwards; nothing is written outside it. The texts come on stdin
     (``_stdin=facts.k0s.candidate_input(generated_text, dropin_text)``); import entries that start with
     ``@GPUNODE_STAGE@`` point into the stage.

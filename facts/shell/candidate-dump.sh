@@ -1,13 +1,18 @@
 # shellcheck shell=sh
 # Print `containerd config dump` of a candidate config tree, as config-dump.sh prints it: every *.toml
 # under ROOT (read through symbolic links) copied into a new temporary directory, with the candidate
-# CONFIG and DROPIN written over their copies, each from a base64 line of stdin (CONFIG's first).
-# STAGE in the candidates' text becomes the stage's path; the stage's path in containerd's messages
-# becomes the node's own again, so its warnings compare with the node's. The stage is removed on exit;
-# nothing is written outside it. Where the stage cannot be made the exit status line is `stage`.
-# Usage: sh -c "$script" gpunode-candidate-dump ROOT CONFIG DROPIN STAGE <CANDIDATES
+# CONFIG and DROPIN written there over their copies, each from a base64 line of stdin (CONFIG's first),
+# dumped by the containerd first on PATH (BIN_DIR first, where not ""). STAGE in the candidates' text
+# becomes the stage's path; the stage's path in containerd's messages becomes the node's own again, so
+# its warnings compare with the node's. The stage is removed on exit; nothing is written outside it.
+# Where the stage cannot be made the exit status line is `stage`.
+# Usage: sh -c "$script" gpunode-candidate-dump BIN_DIR ROOT CONFIG DROPIN STAGE <CANDIDATES
 # Exit status: 0 (non-zero only where no temporary directory could be made: nothing is printed then).
-root=$1 config=$2 dropin=$3 stage=$4
+bin_dir=$1 root=$2 config=$3 dropin=$4 stage=$5
+if [ -n "$bin_dir" ]; then
+    PATH=$bin_dir:$PATH
+    export PATH
+fi
 T=$(mktemp -d) || exit
 trap 'rm -rf "$T"' EXIT
 S="$T/stage"
