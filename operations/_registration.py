@@ -10,11 +10,10 @@ and what it says on the way). ``settled`` runs a judgement with a function that 
 from __future__ import annotations
 
 import difflib
-import inspect
 import logging
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, cast
 
 from pyinfra_gpunode import k0s, rancher
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, Plan, plan, same_meaning, staged_imports
@@ -44,6 +43,7 @@ from pyinfra_gpunode.log import printable
 from pyinfra_gpunode.operator import handler_problem
 from pyinfra_gpunode.platform import (
     K0S_CONFIG,
+    REQUEST_ARGUMENTS,
     ContainerdPlatformInfo,
     rancher_config,
     rancher_note,
@@ -55,7 +55,6 @@ from pyinfra_gpunode.platform import (
 from pyinfra_gpunode.platform import refusal as platform_refusal
 from pyinfra_gpunode.redaction import redacted
 from pyinfra_gpunode.rollout import TurnMark
-from pyinfra_gpunode.settings import CONTAINERD_MODE, DROPIN_DIR, RUNTIME_BINARY, RUNTIME_HANDLER
 
 T = TypeVar("T")
 Judgement = Generator["Read", Any, T]  # yields the reads it needs, is sent their values, returns T
@@ -124,20 +123,44 @@ class Registration:
         )
 
 
-def judgement(arguments: Mapping[str, Any]) -> Judgement[Registration]:
+class RuntimeArguments(TypedDict):
+    """``containerd.nvidia_runtime``'s arguments, every one given (its signature holds their defaults and its
+    docstring their meaning)."""
+
+    binary: str
+    systemd_cgroup: bool | None
+    default_runtime: bool
+    cdi_spec_dirs: list[str] | None
+    dropin_dir: str
+    binary_required: bool
+    enable_cdi: bool | None
+    handler: str
+    mode: str
+    enable_nri: bool | None
+
+
+def runtime_options(arguments: RuntimeArguments) -> Options:
+    """What the drop-in's plan takes of ``arguments``."""
+    cdi_spec_dirs = arguments["cdi_spec_dirs"]
+    return Options(
+        binary=arguments["binary"],
+        systemd_cgroup=arguments["systemd_cgroup"],
+        default_runtime=arguments["default_runtime"],
+        cdi_spec_dirs=None if cdi_spec_dirs is None else tuple(cdi_spec_dirs),
+        dropin_dir=arguments["dropin_dir"].rstrip("/"),
+        enable_cdi=arguments["enable_cdi"],
+        mode=arguments["mode"],
+        enable_nri=arguments["enable_nri"],
+    )
+
+
+def judgement(arguments: RuntimeArguments) -> Judgement[Registration]:
     """The registration ``containerd.nvidia_runtime``'s ``arguments`` (all of them, checked) come to on one
     node, from the reads it yields."""
     judging = _Judge()
-    found = yield from judging.containerd(**arguments)
+    found = yield from judging.containerd(arguments)
     found.said = judging.said
     return found
-
-
-def bound_arguments(**given: Any) -> dict[str, Any]:
-    """``nvidia_runtime``'s arguments ``given``, with the defaults of those not given (a wrong name raises)."""
-    bound = inspect.signature(_Judge.containerd).bind(None, **given)
-    bound.apply_defaults()
-    return {name: value for name, value in bound.arguments.items() if name != "self"}
 
 
 def settled(judging: Judgement[T], make: Callable[[Read], Any]) -> T:
@@ -168,28 +191,16 @@ class _Judge:
     def __init__(self) -> None:
         self.said: list[tuple[int, str]] = []
 
-    def containerd(
-        self,
-        binary: str = RUNTIME_BINARY,
-        systemd_cgroup: bool | None = None,
-        default_runtime: bool = False,
-        cdi_spec_dirs: list[str] | None = None,
-        dropin_dir: str = DROPIN_DIR,
-        binary_required: bool = False,
-        enable_cdi: bool | None = None,
-        handler: str = RUNTIME_HANDLER,
-        mode: str = CONTAINERD_MODE,
-        enable_nri: bool | None = None,
-    ) -> Judgement[Registration]:
+    def containerd(self, arguments: RuntimeArguments) -> Judgement[Registration]:
+        options, handler = runtime_options(arguments), arguments["handler"]
+        binary, nri = options.binary, options.mode == "nri"
         node: ContainerdNodeStateInfo = yield read("node", binary=binary)
         owned = platform_refusal(node.get("platform"))  # k3s, RKE2, k0s, EKS nodeadm: their config, not ours
         if owned:
             return Registration(owned)
         if rancher_nvidia(node.get("platform")):
-            requests = runtime_requests(
-                binary=binary, handler=handler, systemd_cgroup=systemd_cgroup, default_runtime=default_runtime,
-                enable_cdi=enable_cdi, cdi_spec_dirs=cdi_spec_dirs, mode=mode, enable_nri=enable_nri,
-            )  # fmt: skip
+            given = cast(Mapping[str, Any], arguments)
+            requests = runtime_requests(**{name: given[name] for name in REQUEST_ARGUMENTS})
             tree = yield from self.rancher_tree(
                 node["platform"]
             )  # read once: refusal, our drop-in, the plan all use it
@@ -201,18 +212,8 @@ class _Judge:
                 return (yield from self.rancher_dropin(node["platform"], requests, handler, tree))
             return rancher_registration(node["platform"])
         if (node.get("platform") or {}).get("name") == "k0s":
-            k0s_options = Options(
-                binary=binary,
-                systemd_cgroup=systemd_cgroup,
-                default_runtime=default_runtime,
-                cdi_spec_dirs=None if cdi_spec_dirs is None else tuple(cdi_spec_dirs),
-                enable_cdi=enable_cdi,
-                mode=mode,
-                enable_nri=enable_nri,
-            )
-            return (
-                yield from self.k0s(node["platform"], k0s_options, handler, binary_required, node["binary_present"])
-            )
+            binary_required, present = arguments["binary_required"], node["binary_present"]
+            return (yield from self.k0s(node["platform"], options, handler, binary_required, present))
         version, files, before = node["version"], node["files"], node["dump"]
         if not version:
             return Registration(
@@ -225,16 +226,6 @@ class _Judge:
                 + "; ".join(not_files)
                 + ": gpunode writes regular files only; move it away or replace it with a file"
             )
-        options = Options(
-            binary=binary,
-            systemd_cgroup=systemd_cgroup,
-            default_runtime=default_runtime,
-            cdi_spec_dirs=None if cdi_spec_dirs is None else tuple(cdi_spec_dirs),
-            dropin_dir=dropin_dir.rstrip("/"),
-            enable_cdi=enable_cdi,
-            mode=mode,
-            enable_nri=enable_nri,
-        )
         before_dump = before["dump"] if before else {}
         current_cri_problem = cri_start_problem(before, files["main_path"], files["texts"])
         result = plan(files["main_path"], files["texts"], version, options, runc_runtime(before_dump))
@@ -242,14 +233,13 @@ class _Judge:
             return Registration("containerd config not changed: " + "; ".join(result.errors))
         self.said += [(logging.WARNING, warning) for warning in result.warnings]
         self.said += [(logging.INFO, line) for line in result.dropped_lines]
-        nri = mode == "nri"
         mode_line = result.mode_line or None
 
         if not node["binary_present"] and not nri:  # NRI mode runs no nvidia runtime binary
             message = f"nvidia runtime binary {binary} is missing on the node"
-            if binary_required:
+            if arguments["binary_required"]:
                 return Registration(f"containerd config not changed: {message} (gpunode_runtime_binary_required)")
-            if default_runtime:
+            if options.default_runtime:
                 return Registration(
                     f"containerd config not changed: {message}, and making nvidia the default "
                     "runtime (gpunode_nvidia_default_runtime) would fail every pod without a "

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import posixpath
 from collections.abc import Generator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pyinfra import host, state
 from pyinfra.api import FactBase, OperationValueError, QuoteString, StringCommand, operation
@@ -42,7 +43,7 @@ from pyinfra_gpunode.operations._lock import locked_before_changes
 from pyinfra_gpunode.operations._registration import (
     Read,
     Registration,
-    bound_arguments,
+    RuntimeArguments,
     cri_start_problem,
     judgement,
     settled,
@@ -65,12 +66,12 @@ def _check_absolute(name: str, value: str) -> None:
         raise OperationValueError(f"{name} must be an absolute path, got {value!r}")
 
 
-def registration(**arguments: Any) -> Registration:
+def registration(**given: Any) -> Registration:
     """Read the node's containerd facts and judge the planned files (``nvidia_runtime``'s arguments), with
     the mark of a rollout turn an earlier run left unfinished on the node: once per node read (the candidate
     config is staged and judged once), whether the plan, the rollout or the step asks. The judgement is
     ``_registration.judgement``'s; this makes the reads it asks for and says what it says."""
-    arguments = bound_arguments(**arguments)
+    arguments = bound_arguments(**given)
     _check_arguments(**arguments)
     node = node_fact(ContainerdNodeState, binary=arguments["binary"])
 
@@ -82,6 +83,13 @@ def registration(**arguments: Any) -> Registration:
         return found
 
     return decided_once("registration", node, repr(sorted(arguments.items())), judged)
+
+
+def bound_arguments(**given: Any) -> RuntimeArguments:
+    """``nvidia_runtime``'s arguments ``given``, with the defaults of those not given (a wrong name raises)."""
+    bound = inspect.signature(nvidia_runtime).bind(**given)
+    bound.apply_defaults()
+    return cast(RuntimeArguments, dict(bound.arguments))
 
 
 def _check_arguments(mode: str, binary: str, dropin_dir: str, cdi_spec_dirs: list[str] | None, **_: Any) -> None:

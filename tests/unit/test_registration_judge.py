@@ -5,14 +5,16 @@ instead of logged."""
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import pytest
 
-from pyinfra_gpunode.operations._registration import Read, Registration, bound_arguments, judgement, settled
+from pyinfra_gpunode.operations._registration import Read, Registration, RuntimeArguments, judgement, settled
+from pyinfra_gpunode.operations.containerd import bound_arguments, nvidia_runtime
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = sorted((REPO / "tests/operations/containerd.nvidia_runtime").glob("*.json"))
@@ -110,3 +112,13 @@ def test_every_fixture_node_is_judged_the_same_twice() -> None:
 def test_unknown_arguments_are_refused_by_name() -> None:
     with pytest.raises(TypeError, match="binaryname"):
         bound_arguments(binaryname=BINARY)
+
+
+def test_the_judgement_takes_the_operations_arguments_by_name_and_type() -> None:
+    # The operation's signature holds the defaults; the judgement's argument type names the same, typed the same.
+    parameters = inspect.signature(nvidia_runtime).parameters
+    declared = get_type_hints(RuntimeArguments)
+    assert list(declared) == list(parameters)
+    operation_hints = get_type_hints(inspect.unwrap(nvidia_runtime))
+    assert {name: operation_hints[name] for name in parameters} == declared
+    assert bound_arguments() == {name: parameter.default for name, parameter in parameters.items()}
