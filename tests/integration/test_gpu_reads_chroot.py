@@ -68,12 +68,14 @@ def root(trixie_root: Path, tmp_path: Path) -> Iterator[Path]:
         yield merged
 
 
-def read(root: Path, command: str) -> list[str]:
-    """A fact command's output lines, run in the root as pyinfra's ``@chroot`` runs it."""
+def read(root: Path, command: str, path: str | None = None) -> list[str]:
+    """A fact command's output lines, run in the root as pyinfra's ``@chroot`` runs it (with ``PATH`` ``path``
+    where given)."""
     env = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}  # as on a node
-    done = subprocess.run(
-        ["chroot", str(root), "sh", "-c", command], capture_output=True, text=True, check=True, env=env
-    )
+    if path is not None:
+        env["PATH"] = path
+    chroot = shutil.which("chroot") or "chroot"  # found on this machine's PATH, not the node's
+    done = subprocess.run([chroot, str(root), "sh", "-c", command], capture_output=True, text=True, check=True, env=env)
     return done.stdout.splitlines()
 
 
@@ -152,3 +154,8 @@ def test_host_state_reads_the_version_of_the_module_built_for_the_running_kernel
     plant_built_module(root, "550.127.05")  # a module left from another driver version
     state = fact.process(read(root, fact.command()))
     assert state["module_built"] and state["built_module_version"] == "550.127.05"
+    # A login without /sbin and /usr/sbin on PATH (modinfo and ldconfig live there): the read finds them.
+    assert fact.process(read(root, fact.command(), path=USER_PATH)) == state
+
+
+USER_PATH = "/usr/local/bin:/usr/bin:/bin"
