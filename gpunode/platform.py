@@ -24,7 +24,7 @@ import base64
 import binascii
 import re
 from collections.abc import Iterable, Mapping
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from pyinfra_gpunode.settings import CONTAINERD_MODE, RUNTIME_BINARY, RUNTIME_HANDLER
 
@@ -249,6 +249,12 @@ def runtime_requests(
         "gpunode_enable_nri": enable_nri,
     }
     return {key: value for key, value in asked.items() if value is not None}
+
+
+def requests_of(arguments: Mapping[str, Any]) -> dict[str, object]:
+    """``runtime_requests`` of all of ``containerd.nvidia_runtime``'s ``arguments`` (those it does not take left
+    out)."""
+    return runtime_requests(**{name: arguments[name] for name in REQUEST_ARGUMENTS})
 
 
 def rancher_unapplied(info: ContainerdPlatformInfo | None, requests: Mapping[str, object]) -> str | None:

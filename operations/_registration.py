@@ -13,7 +13,7 @@ import difflib
 import logging
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, TypeVar, cast
+from typing import Any, TypedDict, TypeVar
 
 from pyinfra_gpunode import k0s, rancher
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, Plan, plan, same_meaning, staged_imports
@@ -43,14 +43,13 @@ from pyinfra_gpunode.log import printable
 from pyinfra_gpunode.operator import handler_problem
 from pyinfra_gpunode.platform import (
     K0S_CONFIG,
-    REQUEST_ARGUMENTS,
     ContainerdPlatformInfo,
     rancher_config,
     rancher_note,
     rancher_nvidia,
     rancher_restart_reason,
     rancher_unapplied,
-    runtime_requests,
+    requests_of,
 )
 from pyinfra_gpunode.platform import refusal as platform_refusal
 from pyinfra_gpunode.redaction import redacted
@@ -199,8 +198,7 @@ class _Judge:
         if owned:
             return Registration(owned)
         if rancher_nvidia(node.get("platform")):
-            given = cast(Mapping[str, Any], arguments)
-            requests = runtime_requests(**{name: given[name] for name in REQUEST_ARGUMENTS})
+            requests = requests_of(arguments)
             tree = yield from self.rancher_tree(
                 node["platform"]
             )  # read once: refusal, our drop-in, the plan all use it

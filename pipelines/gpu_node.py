@@ -55,7 +55,7 @@ from pyinfra_gpunode.operator import (
     runtime_writers,
     take_over_note,
 )
-from pyinfra_gpunode.platform import REQUEST_ARGUMENTS, runtime_requests
+from pyinfra_gpunode.platform import requests_of
 from pyinfra_gpunode.rollout import NodeReport, RolloutPolicy, rollout_order
 from pyinfra_gpunode.settings import Settings
 from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit
@@ -179,8 +179,7 @@ def _platform_refused(settings: Settings) -> bool:
     """Whether a platform (k3s, RKE2, k0s, EKS nodeadm) owns the node's containerd, or (k3s, RKE2) leaves
     host data unapplied; the node is then set to fail with the reason and what to do instead, before
     anything changes on it."""
-    arguments = _runtime(settings)
-    requests = runtime_requests(**{name: arguments[name] for name in REQUEST_ARGUMENTS})
+    requests = requests_of(_runtime(settings))
     if platform.platform_problem(requests) is None:
         return False
     platform.supported(name="containerd: not owned by a platform", requests=requests)
