@@ -256,6 +256,13 @@ class ContainerdConfigDump(FactBase[DumpInfo | None]):
 STAGE = "@GPUNODE_STAGE@"  # must match containerd_dropin.staged_imports
 
 
+def candidate_dump_command(config_path: str, dropin_path: str, root: str = CONFIG_ROOT, bin_dir: str = "") -> str:
+    """``config dump`` of a candidate tree: every ``*.toml`` under ``root`` copied into a temporary directory with
+    the candidate ``config_path`` and ``dropin_path`` (their texts on stdin, ``candidate_input``), dumped by the
+    containerd in ``bin_dir`` (``""``: the first on PATH); the stage is removed afterwards."""
+    return shell.command(_CANDIDATE_DUMP, "gpunode-candidate-dump", bin_dir, root, config_path, dropin_path, STAGE)
+
+
 def candidate_input(config_text: str, dropin_text: str) -> str:
     """``ContainerdCandidateDump``'s stdin: the candidate config.toml and drop-in, base64, a line each."""
     return "".join(base64.b64encode(text.encode()).decode() + "\n" for text in (config_text, dropin_text))
@@ -285,9 +292,7 @@ class ContainerdCandidateDump(FactBase[DumpInfo | None]):
 
     @override
     def command(self, config_path: str, dropin_path: str) -> str:
-        return shell.command(
-            _CANDIDATE_DUMP, "gpunode-candidate-dump", "", CONFIG_ROOT, config_path, dropin_path, STAGE
-        )
+        return candidate_dump_command(config_path, dropin_path)
 
     @override
     def process(self, output: list[str]) -> DumpInfo:

@@ -14,13 +14,12 @@ from typing_extensions import override
 from pyinfra_gpunode import shell
 from pyinfra_gpunode.containerd_dump import CriLoaded, parse_cri_loaded, parse_cri_start_log
 from pyinfra_gpunode.facts.containerd import (
-    _CANDIDATE_DUMP,
     CRI_LINES,
     LOG_BYTES,
-    STAGE,
     ContainerdVersion,
     DumpInfo,
     _process_dump,
+    candidate_dump_command,
     dump_command,
 )
 from pyinfra_gpunode.k0s import BIN_DIR
@@ -170,7 +169,7 @@ def candidate_command(bin_dir: str, config: str, dropins: str, dropin_path: str)
     """What ``K0sCandidateDump`` (and a platform's like fact) runs: every ``*.toml`` under ``dropins`` copied into
     a stage with ``config`` and the drop-in ``dropin_path`` (both from stdin), dumped by the platform's containerd
     (``bin_dir`` first)."""
-    return shell.command(_CANDIDATE_DUMP, "gpunode-candidate-dump", bin_dir, dropins, config, dropin_path, STAGE)
+    return candidate_dump_command(config, dropin_path, root=dropins, bin_dir=bin_dir)
 
 
 class CriLoadedFromLog:
