@@ -20,6 +20,9 @@ if [ "${1:-}" = --fast ]; then
 fi
 bash scripts/setup.sh
 bash scripts/lint.sh
+# containerd 2.3 and 2.4 from upstream source, built once per machine into the cache before the test processes
+# start (they would otherwise build them side by side); it says what each was built from.
+.venv/bin/python -m tests.realbin.upstream
 if [ "$#" -gt 0 ]; then
     if [ -n "$fast" ]; then
         exec .venv/bin/pytest -m "not fleet and not vm" "$@"

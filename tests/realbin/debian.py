@@ -38,7 +38,12 @@ def _apt_options(scratch: Path) -> list[str]:
 
 
 def containerd_binary(version: str) -> Path:
-    """Path of ``/usr/bin/containerd`` from Debian's package of ``version``, unpacked on demand."""
+    """Path of ``/usr/bin/containerd`` from Debian's package of ``version``, unpacked on demand; for a
+    version Debian does not ship (2.3, 2.4), the one built from upstream source (``tests.realbin.upstream``)."""
+    if version not in PACKAGES:
+        from tests.realbin import upstream
+
+        return upstream.containerd_binary(version)
     deb_version = PACKAGES[version][1]
     root = cache_dir() / "containerd"
     unpacked = root / "bin" / version

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tests.realbin.debian import containerd_binary
+from tests.realbin.debian import PACKAGES, containerd_binary
+from tests.realbin.upstream import SOURCES
 
 CONFIG = "/etc/containerd/config.toml"
 CONFD = "/etc/containerd/conf.d"
@@ -10,11 +11,15 @@ V2 = '"io.containerd.grpc.v1.cri"'
 V3 = '"io.containerd.cri.v1.runtime"'
 V3_IMAGES = '"io.containerd.cri.v1.images"'
 IMPORTS = f'imports = ["{CONFD}/*.toml"]\n'
+# The supported lines Debian does not ship, built from upstream source (tests.realbin.upstream).
+UPSTREAM = list(SOURCES)
 
 
 def debian_config(version: str) -> str:
-    """The config.toml Debian's containerd package ships (version 2, CRI cni dirs)."""
-    return (containerd_binary(version).parents[2] / "etc/containerd/config.toml").read_text()
+    """The config.toml Debian's containerd package ships (version 2, CRI cni dirs): the same file in every
+    Debian release, so a line Debian does not ship (built from source) gets sid's, as an upgrade leaves it."""
+    package = version if version in PACKAGES else "2.1.9"
+    return (containerd_binary(package).parents[2] / "etc/containerd/config.toml").read_text()
 
 
 def registry(config_path: str = "/etc/containerd/certs.d", schema: int = 2) -> str:
