@@ -23,6 +23,7 @@ from pyinfra_gpunode.containerd_dump import (
     parse_cri_loaded,
     parse_cri_start_log,
     summarize,
+    warning_text,
     with_shared_keys,
 )
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, resolve_tree
@@ -196,15 +197,12 @@ def dump_command(config: str) -> str:
     return shell.command(_CONFIG_DUMP, "gpunode-config-dump", config)
 
 
-_LOG_TIME = re.compile(r'^time="[^"]*" ')
-
-
 def _process_dump(output: list[str]) -> DumpInfo:
     marker = output.index("### gpunode-stderr") if "### gpunode-stderr" in output else len(output)
     stderr = [line for line in output[marker + 1 :] if not line.startswith("### gpunode-rc")]
     rc_line = next((line for line in output if line.startswith("### gpunode-rc")), "### gpunode-rc 0")
-    # Without the time field containerd stamps each line with: the same warning read at two moments is one.
-    warnings = [_LOG_TIME.sub("", line) for line in stderr if "level=warning" in line or "Ignoring unknown key" in line]
+    # Without the fields that differ on every run (time, t=): the same warning read at two moments is one.
+    warnings = [warning_text(line) for line in stderr if "level=warning" in line or "Ignoring unknown key" in line]
     rc = rc_line.split()[-1]
     if rc == "stage":
         error = "could not stage the candidate: " + "\n".join(stderr)
