@@ -257,6 +257,14 @@ def max_schema(version: ContainerdVersionInfo) -> int:
     return 4 if (version["major"], version["minor"]) >= V4_SINCE else 3
 
 
+def migrates_each_file(version: ContainerdVersionInfo) -> bool:
+    """Whether this containerd migrates every config file to its own version before merging it (2.3 and
+    later: containerd/containerd cmd/containerd/server/config/config.go ``LoadConfigWithPlugins``, which
+    warns "Configuration migrated from version N" per file), rather than migrating the merged tree by the
+    version of the last file that sets one (2.0 to 2.2), where a file of another version can lose keys."""
+    return (version["major"], version["minor"]) >= V4_SINCE
+
+
 def _schema_errors(files: list[ConfigFile], version: ContainerdVersionInfo) -> list[str]:
     errors = []
     highest = max_schema(version)
@@ -679,21 +687,17 @@ def plan(
     result.errors += tree["problems"]
     others = [config for config in load_order(tree) if config["path"] != options.dropin_path]
     result.errors += _schema_errors(others, version)
-    if max_schema(version) >= 4:  # containerd 2.3+ refuses a drop-in newer than config.toml
-        result.errors += [
-            f"{config['path']}: key 'version' = {config['version']} is higher than {main_path}'s "
-            f"version = {result.schema}; containerd {version['major']}.{version['minor']} refuses to start"
-            for config in others
-            if config["version"] and config["version"] > result.schema
-        ]
     if result.errors:
         return result
-    for config in others:
-        if config["version"] and config["version"] != result.schema:
-            result.warnings.append(
-                f"{config['path']}: version = {config['version']} differs from config.toml's "
-                f"version = {result.schema}; containerd may drop its settings"
-            )
+    # A drop-in newer than config.toml is for the node's own containerd to judge: v2.3.0-v2.3.4 refuse it (their
+    # config dump fails, and the candidate check quotes it), 2.3.5+ and 2.4 migrate it on its own and merge.
+    if not migrates_each_file(version):
+        for config in others:
+            if config["version"] and config["version"] != result.schema:
+                result.warnings.append(
+                    f"{config['path']}: version = {config['version']} differs from config.toml's "
+                    f"version = {result.schema}; containerd may drop its settings"
+                )
     runc = without_zero_values(runc_default or {}) or {"runtime_type": RUNC_V2}
     user_set = _user_values(others, version, result.schema)
     explicit = _explicit(options)

@@ -248,3 +248,23 @@ def not_regular_files(paths: list[str], kinds: dict[str, str]) -> list[str]:
             if kind is not None and kind not in wanted and message not in found:
                 found.append(message)
     return found
+
+
+# containerd v2.3.0-v2.3.4 (containerd PR 12891, reverted by PR 13939 for v2.3.5 and 2.4): the error names
+# versions only.
+_SKEW = re.compile(r"drop-in config version ([0-9]+) higher than root config version ([0-9]+)")
+
+
+def version_skew_files(error: str, files: list[ConfigFile]) -> str | None:
+    """Where containerd's own error refuses a drop-in newer than the root file, which files it means (the
+    error names only their versions) and the way out; ``None`` for any other error."""
+    match = _SKEW.search(error)
+    if not match or not files:
+        return None
+    root = files[0]
+    newer = [config["path"] for config in files[1:] if (config["version"] or 0) > (root["version"] or 0)]
+    return (
+        f"{', '.join(newer) or 'a drop-in'} {'has' if len(newer) < 2 else 'have'} a version above {root['path']}'s "
+        f"version = {match.group(2)}: give each drop-in the root file's version, or move to containerd 2.3.5 or "
+        "later, which migrates such a file and merges it"
+    )

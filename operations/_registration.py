@@ -27,6 +27,7 @@ from pyinfra_gpunode.containerd_files import (
     not_regular_files,
     resolve_tree,
     strictest_mode,
+    version_skew_files,
 )
 from pyinfra_gpunode.cri_rules import cri_start_findings, import_findings, stopping
 from pyinfra_gpunode.facts.containerd import (
@@ -476,9 +477,10 @@ def candidate_problem(
     not load, the CRI plugin's start rules refuse it, it loses what the node has now (``before``), or the
     handler's runtime is not ``binary``; ``None`` when it may."""
     if after is None or after["error"]:
-        return (
-            "containerd config not changed: containerd rejects the candidate config: "
-            f"{after['error'] if after else 'no dump'}"
+        error = after["error"] if after and after["error"] else "no dump"
+        skew = version_skew_files(error, load_order(candidate_tree))
+        return f"containerd config not changed: containerd rejects the candidate config: {error}" + (
+            f" ({skew})" if skew else ""
         )
     refused = cri_start_findings(after["dump"], load_order(candidate_tree))
     if refused:
