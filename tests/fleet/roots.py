@@ -176,6 +176,18 @@ def writable_copy(lower: Path, directory: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(merged)], check=True)
 
 
+@contextmanager
+def bound_file(source: Path, target: Path) -> Iterator[Path]:
+    """``source`` bind-mounted read-only over the existing file ``target`` (in a root's writable copy: e.g. a
+    containerd build put where the root's own binary is, without copying it), unmounted on exit."""
+    subprocess.run(["mount", "--bind", str(source), str(target)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(target)], check=True)
+        yield target
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+
+
 Plant = Callable[[Path], None]
 
 

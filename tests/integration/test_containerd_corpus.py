@@ -4,7 +4,9 @@ Each corpus file is put as a Debian root's /etc/containerd/config.toml (with its
 ``<name>+<drop-in>.toml`` goes to ``/etc/containerd/conf.d/<drop-in>.toml``), the deploy is run
 through the pyinfra CLI on every root at once (``@chroot``, ``gpunode_containerd_restart=none``),
 twice, and the node's own ``containerd config dump`` judges the result: trixie's containerd 1.7.24,
-sid's 2.1.9. A file the project must refuse names the text its refusal must contain.
+sid's 2.1.9, and 2.3.4 and a 2.4 build from upstream source in a sid root whose containerd binaries are
+swapped for them (as a node upgraded to those lines has them). A file the project must refuse names the text
+its refusal must contain.
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ import pytest
 
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, FILLED_IN, flatten
 from pyinfra_gpunode.containerd_dump import summarize
+from pyinfra_gpunode.containerd_files import ConfigFile, load_order, resolve_tree
+from pyinfra_gpunode.containerd_losses import lost_settings
 from tests import cli
-from tests.fleet.roots import RootRecipe, ensure_root, writable_copy
+from tests.fleet.roots import RootRecipe, bound_file, ensure_root, writable_copy
+from tests.realbin.debian import containerd_binary
+from tests.realbin.scenarios import UPSTREAM
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests/corpus/containerd"
 BINARY = "/usr/bin/nvidia-container-runtime"
-RELEASES = {"1.7.24": "trixie", "2.1.9": "sid"}
+RELEASES = {"1.7.24": "trixie", "2.1.9": "sid", **{version: "sid" for version in UPSTREAM}}
 OURS = ("containerd.runtimes.nvidia.", "enable_cdi", "cdi_spec_dirs")
 EXPLICIT = "containerd.runtimes.nvidia.options.BinaryName"  # the deploy's input, whatever a file says
 pytestmark = pytest.mark.containerd
@@ -46,26 +52,34 @@ class Case:
         return f"{self.name}@{self.version}"
 
 
-BOTH = ("1.7.24", "2.1.9")
+BOTH = ("1.7.24", "2.1.9", *UPSTREAM)  # files meant for 1.7 and 2.x
+V2X = ("2.1.9", *UPSTREAM)  # files meant for 2.x only
 CASES = [Case("debian-packaged", v) for v in BOTH] + [
-    Case("kubeadm-default-1.7", "1.7.24"),
-    Case("kubeadm-default-1.7", "2.1.9"),
-    Case("kubeadm-default-2.1", "2.1.9"),
-    Case("kubespray-v2", "1.7.24"),
-    Case("kubespray-v2", "2.1.9"),
-    Case("kubespray-v3", "2.1.9"),
+    *(Case("kubeadm-default-1.7", v) for v in BOTH),
+    *(Case("kubeadm-default-2.1", v) for v in V2X),
+    *(Case("containerd-default-2.3", v) for v in UPSTREAM),
+    *(Case("kubespray-v2", v) for v in BOTH),
+    *(Case("kubespray-v3", v) for v in V2X),
     *(Case("nvidia-ctk-inplace", v) for v in BOTH),
     *(Case("nvidia-ctk-inplace-default", v) for v in BOTH),
     *(Case("nvidia-ctk-dropin", v) for v in BOTH),
+    # A version 3 drop-in over a version 2 root: v2.3.0-v2.3.4 refuse to start (their own dump says so),
+    # 2.4 migrates and merges it.
+    Case(
+        "nvidia-ctk-command-skew",
+        "2.3.4",
+        refusal="version 2 (/etc/containerd/conf.d/99-nvidia.toml has a version above",
+    ),
+    Case("nvidia-ctk-command-skew", "2.4.0-dev"),
     # The operator's toolkit manages the runtime there: refused unless gpunode_take_over_runtime.
     *(Case("gpu-operator-toolkit", v, refusal="toolkit.enabled=false") for v in BOTH),
-    Case("gpu-operator-toolkit-v3", "2.1.9", refusal="toolkit.enabled=false"),
+    *(Case("gpu-operator-toolkit-v3", v, refusal="toolkit.enabled=false") for v in V2X),
     *(Case("aks-gpu-v2", v) for v in BOTH),
-    Case("aks-gpu-containerd2", "2.1.9"),
+    *(Case("aks-gpu-containerd2", v) for v in V2X),
     *(Case("gke-cos-mirrors", v) for v in BOTH),
     *(Case("gke-mirrors-and-config-path", v, refusal="config_path") for v in BOTH),
     *(Case("eks-al2023-gpu-v2", v) for v in BOTH),
-    Case("eks-al2023-gpu-v3", "2.1.9"),
+    *(Case("eks-al2023-gpu-v3", v) for v in V2X),
     *(Case("docker-containerd-io", v, refusal="the CRI plugin is disabled") for v in BOTH),
     *(Case("registry-auth", v) for v in BOTH),
 ]
@@ -93,10 +107,9 @@ class Node:
 
 
 def dump(root: Path) -> dict[str, Any]:
-    done = subprocess.run(
-        ["chroot", str(root), "containerd", "config", "dump"], capture_output=True, text=True, check=True
-    )
-    return tomllib.loads(done.stdout)
+    """The root's merged config, or ``{}`` where its containerd refuses the files (a case that must be refused)."""
+    done = subprocess.run(["chroot", str(root), "containerd", "config", "dump"], capture_output=True, text=True)
+    return tomllib.loads(done.stdout) if done.returncode == 0 else {}
 
 
 def tree(root: Path) -> dict[str, tuple[bytes, int]]:
@@ -114,9 +127,11 @@ def node_lines(output: str, root: Path) -> list[str]:
     return [line.strip() for line in output.splitlines() if tag in line]
 
 
-def deploy(nodes: list[Node]) -> str:
+def deploy(nodes: list[Node], inventory: Path) -> str:
+    """deploys/containerd_runtime.py on every node at once (an inventory file: the hosts do not fit one argument)."""
+    inventory.write_text(f"corpus = {[f'@chroot/{node.root}' for node in nodes]!r}\n")
     done = cli.pyinfra(
-        ",".join(f"@chroot/{node.root}" for node in nodes),
+        inventory,
         "deploys/containerd_runtime.py",
         "-y",
         "--data",
@@ -141,19 +156,28 @@ def corpus_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
             root = mounts.enter_context(writable_copy(roots[case.version], tmp_path_factory.mktemp(case.name)))
             # No daemon runs in a root: ctr would wait 10 s for its socket on every run.
             (root / "usr/bin/ctr").unlink()
+            if case.version in UPSTREAM:
+                mounts.enter_context(bound_file(containerd_binary(case.version), root / "usr/bin/containerd"))
             for path, source in corpus_files(case.name).items():
                 target = root / path.lstrip("/")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(source.read_bytes())
             nodes[case.id] = Node(case, root, dump(root), tree(root))
         if nodes:
-            first = deploy(list(nodes.values()))
+            inventory = tmp_path_factory.mktemp("inventory") / "corpus.py"
+            first = deploy(list(nodes.values()), inventory)
             for node in nodes.values():
                 node.first, node.after, node.tree_after = node_lines(first, node.root), dump(node.root), tree(node.root)
-            second = deploy(list(nodes.values()))
+            second = deploy(list(nodes.values()), inventory)
             for node in nodes.values():
                 node.second, node.tree_again = node_lines(second, node.root), tree(node.root)
         yield nodes
+
+
+def files_of(tree: dict[str, tuple[Any, ...]]) -> list[ConfigFile]:
+    """The node's config files in containerd's load order, from its /etc/containerd tree."""
+    texts = {f"/etc/containerd/{path}": content.decode() for path, (content, *_) in tree.items()}
+    return load_order(resolve_tree("/etc/containerd/config.toml", texts))
 
 
 def cri_keys(data: dict[str, Any]) -> dict[str, Any]:
@@ -222,6 +246,8 @@ def test_corpus_config(corpus_run: dict[str, Node], case: Case) -> None:
         assert bool(after["runtimes"]["nvidia"]["SystemdCgroup"]) == bool(default["SystemdCgroup"]), after["runtimes"]
     assert changed_keys(node.before, node.after, user_set(case)) == []
     assert not registry_conflict(node.after)
+    # Every setting of every file is what containerd merged: nothing of the node's files lost on the way.
+    assert lost_settings(node.after, files_of(node.tree_after)) == []
 
     # A second run changes nothing.
     assert not any("Success" in line or "Error" in line for line in node.second), "\n".join(node.second)
