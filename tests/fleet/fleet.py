@@ -40,6 +40,9 @@ class HostSpec:
     name: str
     release: str
     vm: bool = False
+    # A containerd line Debian does not ship (a key of tests.realbin.upstream.SOURCES): its build is bound
+    # read-only over the root's containerd, ctr and runc shim, as a node upgraded to that line has them.
+    containerd: str = ""
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,9 @@ class Host:
 
 
 DEFAULT_HOSTS = (HostSpec("node1", "trixie"), HostSpec("node2", "trixie"), HostSpec("node3", "sid"))
+# The tests' shared fleet: containerd 1.7.24 on node1 and node2 (Debian's), and on node3 2.3.4, the 2.3 LTS
+# line built from source (the demo keeps Debian's 2.1.9 there: it needs no source).
+TEST_HOSTS = (*DEFAULT_HOSTS[:2], HostSpec("node3", "sid", containerd="2.3.4"))
 
 
 class Fleet:
@@ -188,7 +194,7 @@ class Fleet:
         directory = self.directory / spec.name
         directory.mkdir(parents=True, exist_ok=True)
         ensure_identity(directory / "identity", spec.name)
-        state = HostState(directory, spec.name, spec.release, spec.vm, _free_port())
+        state = HostState(directory, spec.name, spec.release, spec.vm, _free_port(), containerd=spec.containerd)
         state.save()
         return state
 
@@ -291,7 +297,7 @@ def _each(action: Callable[[HostState], None], states: Sequence[HostState]) -> N
 
 
 def _matches(state: HostState, spec: HostSpec) -> bool:
-    return (state.release, state.vm) == (spec.release, spec.vm)
+    return (state.release, state.vm, state.containerd) == (spec.release, spec.vm, spec.containerd)
 
 
 def _is_running(state: HostState) -> bool:

@@ -13,6 +13,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from tests.realbin import upstream
+
 from . import cgroups, processes
 from .identity import write_hosts_file
 from .state import HostState
@@ -30,6 +32,14 @@ done
 
 def netns_name(host: str) -> str:
     return f"th-{host}"
+
+
+def upstream_binds(version: str) -> list[str]:
+    """nspawn arguments binding containerd ``version``'s build (``""``: none) over the root's binaries."""
+    if not version:
+        return []
+    built = upstream.containerd_binary(version).parent
+    return [f"--bind-ro={built / command}:/usr/bin/{command}" for command in upstream.COMMANDS]
 
 
 def boot(state: HostState, root: Path, archive_socket: Path) -> None:
@@ -61,6 +71,7 @@ def boot(state: HostState, root: Path, archive_socket: Path) -> None:
         "--console=read-only",
         f"--network-namespace-path=/run/netns/{netns}",
         f"--bind={d / 'containerd'}:/var/lib/containerd",
+        *upstream_binds(state.containerd),
     ]
     ssh_socket = d / "ssh.sock"
     in_netns = ["ip", "netns", "exec", netns]

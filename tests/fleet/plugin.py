@@ -1,6 +1,6 @@
 """pytest fixtures for the test fleet.
 
-- ``fleet``: node1 (trixie, containerd 1.7), node2 (trixie), node3 (sid, containerd 2.1), booted
+- ``fleet``: node1 (trixie, containerd 1.7), node2 (trixie), node3 (sid, containerd 2.3.4 built from source), booted
   with systemd-nspawn once per session;
 - ``vm_fleet``: vm1 (trixie) under qemu, for tests that need a kernel of their own;
 - ``fleet_factory(specs, name)``: any other fleet, e.g. ``[HostSpec("b1", "bookworm")]``, up for the
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from . import preflight
-from .fleet import DEFAULT_HOSTS, Fleet, HostSpec
+from .fleet import TEST_HOSTS, Fleet, HostSpec
 from .paths import cache_dir
 from .roots import RootRecipe, ensure_root
 
@@ -107,7 +107,7 @@ def trixie_root() -> Path:
 
 @pytest.fixture(scope="session")
 def fleet(fleet_factory: FleetFactory) -> Fleet:
-    return fleet_factory(DEFAULT_HOSTS, "default")
+    return fleet_factory(TEST_HOSTS, "default")
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ class HostState:
     vm: bool
     port: int
     processes: list[Recorded] = field(default_factory=list)
+    containerd: str = ""  # an upstream containerd build bound over the root's own (tests.realbin.upstream)
 
     @property
     def identity(self) -> Path:
@@ -30,6 +31,7 @@ class HostState:
             "release": self.release,
             "vm": self.vm,
             "port": self.port,
+            "containerd": self.containerd,
             "processes": [p.as_dict() for p in self.processes],
         }
         (self.directory / STATE_FILE).write_text(json.dumps(data, indent=2) + "\n")

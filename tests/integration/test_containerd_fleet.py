@@ -1,4 +1,4 @@
-"""deploys/containerd_runtime.py on real systemd hosts (containerd 1.7 and 2.1), checked by pyinfra_gpunode.verify."""
+"""deploys/containerd_runtime.py on real systemd hosts (containerd 1.7 and 2.3), checked by pyinfra_gpunode.verify."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""deploys/gpu_node.py on three systemd hosts (containerd 1.7, 1.7, 2.1): order, rollback, halt, dry run, re-runs,
+"""deploys/gpu_node.py on three systemd hosts (containerd 1.7, 1.7, 2.3): order, rollback, halt, dry run, re-runs,
 per-node host data, backups tied to the turn, dead daemons, foreign units, log levels, the node lock."""
 
 from __future__ import annotations

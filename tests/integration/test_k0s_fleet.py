@@ -1,7 +1,7 @@
-"""A k0s node on a real systemd host: Debian sid's containerd 2.1.9 run as k0s runs it, under a unit of k0s'
-name, on k0s' config, drop-in directory and socket; the nvidia runtime registered by a drop-in in
-/etc/k0s/containerd.d written in the node's turn, verified, re-run without change, and rolled back when
-containerd does not come up with it.
+"""A k0s node on a real systemd host: containerd 2.3.4 (the line k0s 1.36 runs, built from source) run as k0s
+runs it, under a unit of k0s' name, on k0s' config, drop-in directory and socket; the nvidia runtime
+registered by a drop-in in /etc/k0s/containerd.d written in the node's turn, verified, re-run without
+change, and rolled back when containerd does not come up with it.
 
 What is real: the containerd binary, its config dump and CRI plugin, systemd, the managed
 /etc/k0s/containerd.toml as k0s 1.36 writes it (tests/samples/k0s-containerd-1.36.toml, source on its first
@@ -33,7 +33,7 @@ from tests.fleet.fleet import Fleet, HostSpec
 from tests.fleet.plugin import FleetFactory
 
 REPO = Path(__file__).resolve().parents[2]
-NODE = "k0s1"  # Debian sid: containerd 2.1.9
+NODE = "k0s1"  # Debian sid with containerd 2.3.4 bound over its own
 SAMPLE = REPO / "tests" / "samples" / "k0s-containerd-1.36.toml"
 SOCKET = "/run/k0s/containerd.sock"
 DROPIN = "/etc/k0s/containerd.d/nvidia-gpunode.toml"
@@ -75,7 +75,7 @@ ExecStart=/bin/sh -c 'sleep 3; systemctl kill --kill-whom=main -s HUP k0sworker.
 
 @pytest.fixture(scope="module")
 def fleet(fleet_factory: FleetFactory) -> Iterator[Fleet]:
-    with fleet_factory.lent([HostSpec(NODE, "sid")], "k0s") as booted:
+    with fleet_factory.lent([HostSpec(NODE, "sid", containerd="2.3.4")], "k0s") as booted:
         yield booted
 
 
@@ -180,7 +180,7 @@ def test_the_drop_in_is_written_in_the_turn_verified_kept_and_rolled_back(fleet:
     # The report reads k0s' containerd (k0sworker, /etc/k0s/containerd.toml, its socket). Its restarts link is
     # not asserted: the stand-in's containerd is the unit's main process, so systemd logs k0s' SIGHUP.
     links = readiness_links(fleet, tmp_path / "readiness.json")
-    assert links["containerd_config"].startswith("ok: containerd 2.1.9") and "nvidia (" in links["containerd_config"]
+    assert links["containerd_config"].startswith("ok: containerd v2.3.4") and "nvidia (" in links["containerd_config"]
     assert links["containerd_running"] == f"ok: PID {written}: runtimes nvidia, runc", links
     assert links["runtime_writers"].startswith(f"ok: {DROPIN} (gpunode, BinaryName "), links
     assert worker_pid(fleet) == written

@@ -1,6 +1,6 @@
 """SIGHUP ends containerd (it has no reload); systemd brings it back after RestartSec with a new PID.
 
-The rollout relies on this: a HUP is a restart, not a reload, on containerd 1.7 and 2.1 alike.
+The rollout relies on this: a HUP is a restart, not a reload, on containerd 1.7 and 2.3 alike.
 """
 
 from __future__ import annotations
