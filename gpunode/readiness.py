@@ -12,11 +12,15 @@ import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from datetime import date
+from typing import TYPE_CHECKING, Any, cast
 
 from pyinfra_gpunode.cdi_checks import missing_devices, priority_dirs, untrue_specs
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, RUNC_V2, RUNTIME
 from pyinfra_gpunode.containerd_dump import CTR, nri_state
+from pyinfra_gpunode.containerd_files import ConfigFile
+from pyinfra_gpunode.containerd_losses import lost_settings
+from pyinfra_gpunode.containerd_support import support_warning
 from pyinfra_gpunode.driver_versions import same_driver, upstream_version
 from pyinfra_gpunode.log import without_controls
 from pyinfra_gpunode.operator import (
@@ -66,6 +70,7 @@ class NodeReadiness:
     node: str
     links: list[Link]
     versions: dict[str, str | None] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # what is worth knowing but breaks no link
 
     @property
     def first_broken(self) -> Link | None:
@@ -84,6 +89,7 @@ class NodeReadiness:
             "cause": first.cause if first else None,
             "fix": first.fix if first else None,
             "versions": self.versions,
+            "warnings": self.warnings,
             "links": [asdict(link) for link in self.links],
         }
 
@@ -845,10 +851,12 @@ def assess(
     spec_path: str,
     handler: str = RUNTIME_HANDLER,
     mode: str = CONTAINERD_MODE,
+    today: date | None = None,
 ) -> NodeReadiness:
     """Every link of ``node``'s chain, in order, from the ``NodeReadiness`` fact; ``handler`` is the
     runtime name the cluster's RuntimeClass uses. In NRI mode (``mode`` ``nri``) no nvidia runtime is
-    asked for: the merged config must have NRI and CDI on, and the handler is not applicable."""
+    asked for: the merged config must have NRI and CDI on, and the handler is not applicable. ``today``
+    (the controller's date) judges containerd's support window: a line past its end is a warning."""
     nri = mode == "nri"
     gpu = [
         _module(facts),
@@ -874,7 +882,19 @@ def assess(
         _validation(facts, "plugin-ready"),
         _device_plugin(facts),
     ]
-    return NodeReadiness(node, links, _versions(facts))
+    support = support_warning(facts["containerd"]["version"], today) if today else None
+    return NodeReadiness(node, links, _versions(facts), [*([support] if support else []), *_lost_settings(facts)])
+
+
+def _lost_settings(facts: NodeReadinessInfo) -> list[str]:
+    """A warning where containerd's merged config has a setting other than its files write it (a file of
+    another version, a later file owning the CRI plugin on 1.x), whoever wrote the files."""
+    state = facts["containerd"]
+    dump = state["dump"]
+    if not state["version"] or not dump or dump["error"]:
+        return []
+    lost = lost_settings(dump["dump"], cast(list[ConfigFile], _load_order(state["files"])))
+    return [f"containerd's merged config loses what its files set: {'; '.join(lost)}"] if lost else []
 
 
 # ---- output -----------------------------------------------------------------------------------
@@ -888,6 +908,7 @@ def node_text(report: NodeReadiness) -> str:
     width = max(len(link.id) for link in report.links)
     lines = [f"{report.node}: {headline}"]
     lines += [f"  {link.state:<7} {link.id:<{width}}  {without_controls(link.detail)}" for link in report.links]
+    lines += [f"  warning: {without_controls(warning)}" for warning in report.warnings]
     if first is not None:
         lines += [
             f"  cause: {without_controls(first.cause or first.detail)}",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import posixpath
 from collections.abc import Generator, Mapping
+from datetime import date
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -23,6 +25,7 @@ from pyinfra_gpunode.containerd_dump import (
 from pyinfra_gpunode.containerd_files import (
     CONFIG_ROOT,
 )
+from pyinfra_gpunode.containerd_support import support_warning
 from pyinfra_gpunode.facts.containerd import (
     ContainerdCandidateDump,
     ContainerdConfigDump,
@@ -77,7 +80,8 @@ def registration(**given: Any) -> Registration:
 
     def judged() -> Registration:
         found = settled(judgement(arguments), _read)
-        for level, message in found.said:
+        support = support_warning(node.get("version"), date.today())
+        for level, message in [*found.said, *([(logging.WARNING, support)] if support else [])]:
             logger.log(level, "%s%s", host.print_prefix, message)
         found.turn_mark, found.turn_mark_problem = parse_turn_mark(node.get("turn", []))
         return found

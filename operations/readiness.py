@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def reported(
     reports = run_state(run).readiness
     if host.name not in reports:
         facts = _readiness_facts(binary, cdi_spec_dirs)
-        reports[host.name] = assess(host.name, facts, binary, cdi_spec_path, handler, mode)
+        reports[host.name] = assess(host.name, facts, binary, cdi_spec_path, handler, mode, date.today())
         _print_when_complete(run, reports, json_path)
     report = reports[host.name]
     first = report.first_broken

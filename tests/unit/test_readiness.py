@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from pyinfra_gpunode.readiness import (
     fleet_text,
     node_text,
 )
+from pyinfra_gpunode.versions import parse_containerd_version
 from tests.realbin.scenarios import CONFD, CONFIG, IMPORTS, registry, toolkit_dropin
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -543,3 +545,17 @@ def test_values_read_from_the_node_reach_the_report_text_without_control_charact
     text = node_text(assess("gpu1", facts, BINARY, SPEC))
     assert "\x1b" not in text and "\nok      forged" not in text
     assert "runc<U+001B>[2J<U+000A>ok      forged" in text
+
+
+def test_the_readiness_report_warns_and_stays_ready() -> None:
+    facts = healthy()
+    facts["containerd"]["version"] = parse_containerd_version("containerd github.com/containerd/containerd 1.7.24 x")
+    report = assess("gpu1", facts, BINARY, SPEC, today=date(2026, 12, 7))
+    assert report.ready
+    (warning,) = report.warnings
+    assert "1.7 line is past its end of support since 2026-09-30" in warning
+    assert f"  warning: {warning}" in node_text(report).splitlines()
+    assert fleet_json([report])["nodes"][0]["warnings"] == [warning]
+    assert assess("gpu1", facts, BINARY, SPEC).warnings == []  # no date given: no judgement
+    facts["containerd"]["version"] = parse_containerd_version("containerd github.com/containerd/containerd/v2 v2.3.4 x")
+    assert assess("gpu1", facts, BINARY, SPEC, today=date(2026, 12, 7)).warnings == []
