@@ -676,8 +676,9 @@ def plan(
     if result.errors:
         return result
 
-    # A new config.toml gets a version every 2.x reads (version 4 only from 2.3).
-    default_schema = 3 if version["major"] >= 2 else 2
+    # A new config.toml gets the version `containerd config default` prints: 2 on 1.x, 3 on 2.0-2.2, 4 from 2.3
+    # (which migrates, and warns of, every version 2 or 3 file at each start).
+    default_schema = max_schema(version)
     result.schema = main["version"] if main is not None and main["version"] else default_schema
     result.config_text = edit_imports(main["text"] if main else None, result.schema, options)
     # Our own file is resolved as empty: it must never feed its own content.
