@@ -1,9 +1,15 @@
-"""The CRI plugin's start rules against real containerd 1.7.24 and 2.1.9.
+"""The CRI plugin's start rules against real containerd: Debian's 1.6.20, 1.7.24 and 2.1.9, and 2.3.4 and a
+2.4 development build from upstream source.
 
 Each tree's real ``config dump`` (and the staged candidate's, as ``registration`` judges it) loads
 without an error, so the dump gate lets it through; the rules refuse it, naming keys and files; and
-for ``mirrors`` with ``config_path`` the real daemon, started briefly in a private namespace, shows
-that its CRI plugin does refuse to start.
+the real daemon, started briefly in a private namespace, shows that its CRI plugin does refuse to
+start, with the error text the rule quotes. Each rule of ``START_RULES`` that a config key breaks is run
+on every binary whose containerd has the key, each one its range claims: ``stream_idle_timeout`` that is
+no duration, an undefined or empty default runtime and ``mirrors`` with ``config_path`` on all five;
+``untrusted_workload_runtime`` beside ``runtimes.untrusted`` and ``configs.<host>.tls`` with ``config_path``
+on 1.x (2.0 dropped both keys: the dump drops them, the CRI plugin starts); ``cni.bin_dir`` with
+``cni.bin_dirs`` from 2.1 (1.x has no ``bin_dirs``). One daemon start per rule and binary.
 
 An ``imports`` entry naming a file that does not exist (not a glob) is the real daemons' ground truth
 below, on 1.6.20, 1.7.24 and 2.1.9: each exits at start naming the path (a relative entry resolved
@@ -22,7 +28,7 @@ import pytest
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN, Options, plan, staged_imports
 from pyinfra_gpunode.containerd_dump import runc_runtime
 from pyinfra_gpunode.containerd_files import load_order, resolve_tree
-from pyinfra_gpunode.cri_rules import cri_start_findings, stopping
+from pyinfra_gpunode.cri_rules import START_RULES, cri_start_findings, stopping
 from pyinfra_gpunode.facts.containerd import (
     ContainerdCandidateDump,
     ContainerdConfigDump,
@@ -31,12 +37,14 @@ from pyinfra_gpunode.facts.containerd import (
     candidate_input,
 )
 from pyinfra_gpunode.operations.containerd import cri_start_problem
+from pyinfra_gpunode.versions import ContainerdVersionInfo, parse_containerd_version
 from tests.realbin.namespace import ScenarioHost
-from tests.realbin.scenarios import CONFD, CONFIG, IMPORTS
+from tests.realbin.scenarios import CONFD, CONFIG, IMPORTS, UPSTREAM
 
 pytestmark = pytest.mark.containerd
 VERSIONS = ["1.7.24", "2.1.9"]
 ALL_VERSIONS = ["1.6.20", "1.7.24", "2.1.9"]
+BINARIES = [*ALL_VERSIONS, *UPSTREAM]  # every real containerd the tests run
 MIRRORS_TEXT = "`mirrors` cannot be set when `config_path` is provided"
 
 
@@ -84,15 +92,25 @@ def candidate(host: ScenarioHost) -> tuple[dict, list]:
 
 
 def cri_failures(log: str) -> list[str]:
-    """The errors of the CRI gRPC plugin's ``failed to load plugin`` lines (1.x and 2.x forms)."""
+    """The errors of the CRI gRPC plugin's ``failed to load plugin`` lines, as containerd wrote them (the
+    log's quoting undone). 1.x: ``msg="failed to load plugin io.containerd.grpc.v1.cri" error="..."``;
+    2.1 to 2.4: ``msg="failed to load plugin" error="..." id=io.containerd.grpc.v1.cri``, whose error
+    carries that of the runtime or images plugin it needs where that one failed."""
     failures = []
     for line in log.splitlines():
         error = re.search(r'error="((?:[^"\\]|\\.)*)"', line)
         one_x = 'failed to load plugin io.containerd.grpc.v1.cri"' in line
         two_x = 'msg="failed to load plugin"' in line and re.search(r"\bid=io\.containerd\.grpc\.v1\.cri\b", line)
         if error and (one_x or two_x):
-            failures.append(error.group(1))
+            failures.append(re.sub(r'\\(["\\])', r"\1", error.group(1)))
     return failures
+
+
+def line_of(version: str) -> ContainerdVersionInfo:
+    """``version`` as the ``ContainerdVersion`` fact reads a node's (``2.4.0-dev`` is the 2.4 line)."""
+    info = parse_containerd_version(f"containerd github.com/containerd/containerd {version}")
+    assert info is not None
+    return info
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -119,13 +137,105 @@ def test_mirrors_with_config_path_passes_the_dump_but_not_the_rules(tmp_path: Pa
 
 
 @pytest.mark.daemon
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", BINARIES)
 def test_real_cri_plugin_refuses_mirrors_with_config_path(tmp_path: Path, version: str) -> None:
-    """What the rule stands for: written, the candidate takes the CRI plugin down at start."""
+    """What the rule stands for: written, the candidate takes the CRI plugin down at start (every line)."""
+    assert START_RULES["mirrors with config_path"].holds(line_of(version))
     host = build(tmp_path, version, mirrors_and_config_path(version))
-    candidate(host)
+    staged, files = candidate(host)
+    assert MIRRORS_TEXT in (stopping(cri_start_findings(staged["dump"], files, version=line_of(version))) or "")
     failures = cri_failures(host.run_daemon())
     assert any(MIRRORS_TEXT in failure for failure in failures), failures
+
+
+def site_dropin(version: str, rule: str) -> str:
+    """A drop-in that breaks ``rule``, as a node of ``version`` would carry it."""
+    schema, runtime, images = names(version)
+    runc = f'[plugins."{runtime}".containerd.runtimes.runc]\n  runtime_type = "io.containerd.runc.v2"\n'
+    body = {
+        "stream_idle_timeout": '[plugins."io.containerd.grpc.v1.cri"]\n  stream_idle_timeout = "forever"\n',
+        # runc is defined beside it: on 1.x a drop-in's runtimes replace the built-in ones.
+        "untrusted_workload_runtime": f'[plugins."{runtime}".containerd.untrusted_workload_runtime]\n'
+        '  runtime_type = "io.containerd.runc.v2"\n'
+        f'[plugins."{runtime}".containerd.runtimes.untrusted]\n  runtime_type = "io.containerd.runc.v2"\n{runc}',
+        "tls with config_path": f'[plugins."{images}".registry]\n  config_path = "/etc/containerd/certs.d"\n'
+        f'[plugins."{images}".registry.configs."registry.example".tls]\n  insecure_skip_verify = true\n',
+        "cni bin_dir and bin_dirs": f'[plugins."{runtime}".cni]\n  bin_dir = "/usr/lib/cni"\n'
+        '  bin_dirs = ["/opt/cni/site"]\n',
+        "default runtime undefined": f'[plugins."{runtime}".containerd]\n  default_runtime_name = "nvidia"\n',
+        "default runtime empty": f'[plugins."{runtime}".containerd]\n  default_runtime_name = ""\n',
+    }[rule]
+    return f"version = {schema}\n{body}"
+
+
+# containerd's own text for each rule's break above, and the binaries whose containerd has the rule's key:
+# each is one the rule's range claims. The others ignore the key (their dump drops it) and start.
+START_CASES = {
+    "stream_idle_timeout": ('invalid stream idle timeout: time: invalid duration "forever"', BINARIES),
+    "untrusted_workload_runtime": (
+        'conflicting definitions: configuration includes both `untrusted_workload_runtime` and `runtimes["untrusted"]`',
+        ALL_VERSIONS[:2],  # gone in 2.0
+    ),
+    "tls with config_path": (
+        "`configs.tls` cannot be set when `config_path` is provided",
+        ALL_VERSIONS[:2],  # 2.0 dropped registry.configs.<host>.tls (and the check)
+    ),
+    "cni bin_dir and bin_dirs": (
+        "`cni.bin_dir` and `cni.bin_dirs` cannot be set at the same time",
+        ["2.1.9", *UPSTREAM],  # bin_dirs came with 2.1
+    ),
+    "default runtime undefined": (
+        "no corresponding runtime configured in `containerd.runtimes` for `containerd` "
+        '`default_runtime_name = "nvidia"',
+        BINARIES,
+    ),
+    "default runtime empty": ("`default_runtime_name` is empty", BINARIES),
+}
+
+
+def site_host(tmp_path: Path, version: str, rule: str) -> tuple[ScenarioHost, dict, list, ContainerdVersionInfo]:
+    """A node whose drop-in breaks ``rule``: its host, real dump, files and real version."""
+    host = build(
+        tmp_path,
+        version,
+        {CONFIG: f"version = {names(version)[0]}\n{IMPORTS}", f"{CONFD}/50-site.toml": site_dropin(version, rule)},
+    )
+    dump = host.fact(ContainerdConfigDump)
+    assert dump["error"] is None, dump["error"]  # the dump gate lets it through
+    node = host.fact(ContainerdVersion)  # the binary's own, as registration reads it
+    assert (node["major"], node["minor"]) == (line_of(version)["major"], line_of(version)["minor"]), node
+    return host, dump["dump"], load_order(resolve_tree(CONFIG, host.fact(ContainerdConfigFiles)["texts"])), node
+
+
+@pytest.mark.daemon
+@pytest.mark.parametrize(
+    ("rule", "version"), [(rule, version) for rule, case in START_CASES.items() for version in case[1]]
+)
+def test_real_cri_plugin_fails_on_each_start_rule(tmp_path: Path, rule: str, version: str) -> None:
+    """The node's own tree: its range claims this containerd; the rule names key and file and quotes
+    containerd, and the real CRI plugin fails at start with that very text."""
+    text, _binaries = START_CASES[rule]
+    host, dump, files, node = site_host(tmp_path, version, rule)
+    assert START_RULES[rule].holds(node)
+    problem = stopping(cri_start_findings(dump, files, version=node))
+    assert problem is not None and text in problem and f"(in {CONFD}/50-site.toml" in problem, problem
+    failures = cri_failures(host.run_daemon())
+    assert any(text in failure for failure in failures), failures
+
+
+@pytest.mark.parametrize(
+    ("rule", "version"),
+    [(rule, version) for rule, case in START_CASES.items() for version in BINARIES if version not in case[1]],
+)
+def test_a_line_without_the_key_drops_it_and_the_rule_is_silent(tmp_path: Path, rule: str, version: str) -> None:
+    """Where containerd has no such key (2.x: untrusted_workload_runtime, configs.<host>.tls; 1.x: cni.bin_dirs)
+    its dump drops it and no rule fires, given the version or not. (Its daemon ignores the key and starts the
+    CRI plugin, seen on each of these binaries; not run here, to keep the daemon starts few.)"""
+    text, _binaries = START_CASES[rule]
+    _host, dump, files, node = site_host(tmp_path, version, rule)
+    assert not START_RULES[rule].holds(node)
+    assert text not in (stopping(cri_start_findings(dump, files, version=node)) or "")
+    assert text not in (stopping(cri_start_findings(dump, files)) or "")
 
 
 @pytest.mark.daemon

@@ -6,7 +6,8 @@ from typing import Any
 
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
 from pyinfra_gpunode.containerd_files import load_order, missing_imports, resolve_tree
-from pyinfra_gpunode.cri_rules import cri_start_findings, import_findings, stopping
+from pyinfra_gpunode.cri_rules import START_RULES, cri_start_findings, go_duration_error, import_findings, stopping
+from pyinfra_gpunode.versions import ContainerdVersionInfo
 
 MAIN = "/etc/containerd/config.toml"
 CONFD = "/etc/containerd/conf.d"
@@ -38,6 +39,10 @@ def messages(dump: dict[str, Any], texts: dict[str, str] | None = None) -> list[
 
 
 IMPORTS = f'imports = ["{CONFD}/*.toml"]\n'
+
+
+def line(major: int, minor: int) -> ContainerdVersionInfo:
+    return {"major": major, "minor": minor, "patch": 0, "raw": f"{major}.{minor}.0", "build": "test"}
 
 
 def test_a_plain_config_passes() -> None:
@@ -129,9 +134,12 @@ def test_default_runtime_no_runtime_defines_is_refused() -> None:
     assert "default_runtime_name = 'runc' (in containerd's built-in default) names no runtime" in finding.message
     assert "(runtimes: nvidia)" in finding.message
     empty = {"containerd": {"default_runtime_name": "", "runtimes": {"runc": RUNC}}}
-    assert messages(dump2(empty)) == [
-        f'plugins."{V3}".containerd.default_runtime_name is empty: the CRI plugin refuses to start'
+    text = f'version = 3\n[plugins."{V3}".containerd]\n  default_runtime_name = ""\n'
+    assert messages(dump2(empty), {MAIN: text}) == [
+        f'plugins."{V3}".containerd.default_runtime_name is empty (in {MAIN}): the CRI plugin refuses to start '
+        '("`default_runtime_name` is empty")'
     ]
+    assert 'containerd` `default_runtime_name = "runc"")' in messages(dump1(nvidia_only))[0]
 
 
 def test_a_runtime_without_runtime_type_is_named_but_does_not_stop_cri() -> None:
@@ -243,3 +251,118 @@ def test_a_glob_matching_nothing_and_an_outside_path_are_no_missing_import() -> 
     texts = {MAIN: f'version = 2\nimports = ["{CONFD}/*.toml", "/opt/site/x.toml", "{CONFD}/site.conf"]\n'}
     assert missing_imports(MAIN, texts) == []
     assert missing_messages(texts) == []
+
+
+def test_stream_idle_timeout_that_is_no_duration_is_refused_on_1x_and_2x() -> None:
+    """The CRI gRPC plugin's own key (its server config on 2.x, under the same plugin name)."""
+    text = f"version = 3\n{IMPORTS}"
+    site = f'version = 3\n[plugins."{V2}"]\n  stream_idle_timeout = "forever"\n'
+    texts = {MAIN: text, f"{CONFD}/20-stream.toml": site}
+    dump = dump2()
+    dump["plugins"][V2] = {"stream_idle_timeout": "forever"}
+    (finding,) = cri_start_findings(dump, files(texts))
+    assert finding.stops_cri
+    assert finding.message == (
+        f"plugins.\"{V2}\".stream_idle_timeout = 'forever' (in {CONFD}/20-stream.toml) is not a duration: the CRI "
+        'plugin refuses to start ("invalid stream idle timeout: time: invalid duration "forever""); write one such '
+        'as "4h0m0s"'
+    )
+    (message,) = messages(dump1({"stream_idle_timeout": "5"}))
+    assert '("invalid stream idle timeout: time: missing unit in duration "5"")' in message
+    for good in ("4h0m0s", "0", "", "1.5h", "-1m"):
+        assert messages(dump1({"stream_idle_timeout": good})) == [], good
+
+
+def test_go_duration_errors_are_go_s_own() -> None:
+    """``time.ParseDuration``'s errors, as Go 1.27 gives them (the cases compared against Go itself)."""
+    assert go_duration_error("4h0m0s") is None
+    assert go_duration_error("-9223372036854775808ns") is None  # the smallest Duration
+    assert go_duration_error("1\u00b5s") is None and go_duration_error("1\u03bcs") is None
+    assert go_duration_error(".5s") is None and go_duration_error("1.s") is None
+    assert go_duration_error("forever") == 'time: invalid duration "forever"'
+    assert go_duration_error("") == 'time: invalid duration ""'
+    assert go_duration_error(".s") == 'time: invalid duration ".s"'
+    assert go_duration_error("5") == 'time: missing unit in duration "5"'
+    assert go_duration_error("1e5s") == 'time: unknown unit "e" in duration "1e5s"'
+    assert go_duration_error("4h ") == 'time: unknown unit "h " in duration "4h "'
+    assert go_duration_error("9223372036854775808ns") == 'time: invalid duration "9223372036854775808ns"'
+    assert go_duration_error("2562048h") == 'time: invalid duration "2562048h"'
+    assert go_duration_error('a"b\\c') == 'time: invalid duration "a\\"b\\\\c"'
+    assert go_duration_error("1h\u00e9") == 'time: unknown unit "h\\xc3\\xa9" in duration "1h\\xc3\\xa9"'
+
+
+UNTRUSTED = {"runtime_type": "io.containerd.runc.v2"}
+
+
+def test_untrusted_workload_runtime_beside_runtimes_untrusted_is_refused_on_1x() -> None:
+    site = (
+        f'version = 2\n[plugins."{V2}".containerd.untrusted_workload_runtime]\n'
+        '  runtime_type = "io.containerd.runc.v2"\n'
+        f'[plugins."{V2}".containerd.runtimes.untrusted]\n  runtime_type = "io.containerd.runc.v2"\n'
+    )
+    texts = {MAIN: f"version = 2\n{IMPORTS}", f"{CONFD}/30-untrusted.toml": site}
+    both = {
+        "untrusted_workload_runtime": UNTRUSTED,
+        "default_runtime_name": "runc",
+        "runtimes": {"runc": RUNC, "untrusted": RUNC},
+    }
+    (finding,) = cri_start_findings(dump1({"containerd": both}), files(texts))
+    assert finding.stops_cri
+    assert finding.message == (
+        f"plugins.\"{V2}\".containerd.untrusted_workload_runtime (runtime_type = 'io.containerd.runc.v2'; in "
+        f'{CONFD}/30-untrusted.toml) and plugins."{V2}".containerd.runtimes.untrusted (in {CONFD}/30-untrusted.toml) '
+        "both define the untrusted "
+        'runtime: the CRI plugin refuses to start ("conflicting definitions: configuration includes both '
+        '`untrusted_workload_runtime` and `runtimes["untrusted"]`"); keep runtimes.untrusted only'
+    )
+    # Either alone starts: the deprecated key becomes runtimes.untrusted; an empty one (its default) is none.
+    alone = {**both, "runtimes": {"runc": RUNC}}
+    assert messages(dump1({"containerd": alone})) == []
+    empty = {**both, "untrusted_workload_runtime": {"runtime_type": ""}}
+    assert messages(dump1({"containerd": empty})) == []
+
+
+def test_each_start_rule_holds_only_on_its_lines() -> None:
+    assert START_RULES["mirrors with config_path"].holds(None)
+    assert START_RULES["tls with config_path"].holds(line(1, 7))
+    assert not START_RULES["tls with config_path"].holds(line(2, 0))
+    assert not START_RULES["cni bin_dir and bin_dirs"].holds(line(2, 0))
+    assert START_RULES["cni bin_dir and bin_dirs"].holds(line(2, 1))
+    assert START_RULES["cni bin_dir and bin_dirs"].holds(line(2, 4))
+    assert START_RULES["untrusted_workload_runtime"].holds(line(1, 6))
+    assert not START_RULES["untrusted_workload_runtime"].holds(line(2, 3))
+    for rule in START_RULES.values():
+        assert rule.since is None or rule.until is None or rule.since < rule.until
+        assert rule.holds(line(1, 7)) or rule.holds(line(2, 1))  # every rule holds on some line
+
+
+def test_a_rule_is_applied_only_on_the_versions_that_make_its_check() -> None:
+    """The gate: given the node's version, a rule outside its range is silent; without one, every rule is
+    applied as before. Each dump below is one a version outside the range would not print (its containerd
+    drops the key), so only the gate keeps the rule from firing."""
+    registry = {"config_path": "/etc/containerd/certs.d", "configs": {"r.example": {"tls": {"ca_file": "/ca"}}}}
+    tls = dump1({"registry": registry})
+    assert len(messages(tls)) == 1
+    assert cri_start_findings(tls, [], version=line(1, 6)) != []
+    assert cri_start_findings(tls, [], version=line(2, 1)) == []
+    cni = dump2({"cni": {"bin_dir": "/usr/lib/cni", "bin_dirs": ["/opt/x"]}})
+    text = f'version = 3\n[plugins."{V3}".cni]\n  bin_dirs = ["/opt/x"]\n'
+    assert len(cri_start_findings(cni, files({MAIN: text}))) == 1
+    assert len(cri_start_findings(cni, files({MAIN: text}), version=line(2, 1))) == 1
+    assert cri_start_findings(cni, files({MAIN: text}), version=line(2, 0)) == []
+    untrusted = dump1(
+        {
+            "containerd": {
+                "untrusted_workload_runtime": UNTRUSTED,
+                "default_runtime_name": "runc",
+                "runtimes": {"runc": RUNC, "untrusted": RUNC},
+            }
+        }
+    )
+    assert len(cri_start_findings(untrusted, [], version=line(1, 7))) == 1
+    assert cri_start_findings(untrusted, [], version=line(2, 0)) == []
+    # Positional, as a caller passing ``missing`` first would.
+    assert cri_start_findings(untrusted, [], (), line(2, 0)) == []
+    # A rule every line makes holds whatever the version.
+    mirrors = dump2(images={"registry": {"config_path": "/c", "mirrors": {"docker.io": {}}}})
+    assert len(cri_start_findings(mirrors, [], version=line(2, 4))) == 1
