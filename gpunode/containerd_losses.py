@@ -38,8 +38,10 @@ def _same(key: str, written: Any, merged: Any) -> bool:
     if key.startswith("containerd.runtimes.") and written == "" and merged == FILLED_IN.get(leaf):
         return True  # an empty runtime_type/sandbox_mode is what containerd fills in
     strings = isinstance(written, str) and isinstance(merged, str)
-    return strings and bool(_DURATION.match(written) and _DURATION.match(merged)) and (
-        _seconds(written) == _seconds(merged)
+    return (
+        strings
+        and bool(_DURATION.match(written) and _DURATION.match(merged))
+        and (_seconds(written) == _seconds(merged))
     )
 
 

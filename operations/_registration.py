@@ -55,6 +55,7 @@ from pyinfra_gpunode.platform import (
 from pyinfra_gpunode.platform import refusal as platform_refusal
 from pyinfra_gpunode.redaction import redacted
 from pyinfra_gpunode.rollout import TurnMark
+from pyinfra_gpunode.versions import ContainerdVersionInfo
 
 T = TypeVar("T")
 Judgement = Generator["Read", Any, T]  # yields the reads it needs, is sent their values, returns T
@@ -226,7 +227,7 @@ class _Judge:
                 + ": gpunode writes regular files only; move it away or replace it with a file"
             )
         before_dump = before["dump"] if before else {}
-        current_cri_problem = cri_start_problem(before, files["main_path"], files["texts"])
+        current_cri_problem = cri_start_problem(before, files["main_path"], files["texts"], version=version)
         result = plan(files["main_path"], files["texts"], version, options, runc_runtime(before_dump))
         if result.errors:
             return Registration("containerd config not changed: " + "; ".join(result.errors))
@@ -305,7 +306,7 @@ class _Judge:
             result.config_path,
             {**files["texts"], result.config_path: result.config_text, OUR_DROPIN: result.dropin_text},
         )
-        found.problem = candidate_problem(before, after, candidate_tree, result, binary, handler, nri)
+        found.problem = candidate_problem(before, after, candidate_tree, result, binary, handler, nri, version)
         if found.problem:
             return found
         assert after is not None and after["summary"] is not None  # a dump without an error has its summary
@@ -472,6 +473,7 @@ def candidate_problem(
     binary: str,
     handler: str,
     nri: bool,
+    version: ContainerdVersionInfo | None = None,
 ) -> str | None:
     """Why the candidate tree (merged by the node's own containerd as ``after``) may not be written: it does
     not load, the CRI plugin's start rules refuse it, it loses what the node has now (``before``), or the
@@ -482,7 +484,7 @@ def candidate_problem(
         return f"containerd config not changed: containerd rejects the candidate config: {error}" + (
             f" ({skew})" if skew else ""
         )
-    refused = cri_start_findings(after["dump"], load_order(candidate_tree))
+    refused = cri_start_findings(after["dump"], load_order(candidate_tree), version=version)
     if refused:
         return "containerd config not changed: by the CRI plugin's start rules, the candidate config: " + (
             "; ".join(finding.message for finding in refused)
@@ -521,14 +523,20 @@ def rancher_registration(info: ContainerdPlatformInfo) -> Registration:
 
 
 def cri_start_problem(
-    dump: DumpInfo | None, main_path: str, texts: dict[str, str], root: str = CONFIG_ROOT
+    dump: DumpInfo | None,
+    main_path: str,
+    texts: dict[str, str],
+    root: str = CONFIG_ROOT,
+    version: ContainerdVersionInfo | None = None,
 ) -> str | None:
     """Why the config tree ``texts`` (merged as ``dump``) would keep the CRI plugin from starting, by the
-    plugin's own start rules, or ``None`` (also where containerd is missing, or the files do not load for
-    another reason than an ``imports`` entry naming a missing file: containerd 1.x's dump fails on that)."""
+    plugin's own start rules (those of containerd ``version``; every rule where it is not known), or ``None``
+    (also where containerd is missing, or the files do not load for another reason than an ``imports`` entry
+    naming a missing file: containerd 1.x's dump fails on that)."""
     if not dump:
         return None
     missing = missing_imports(main_path, texts, root)
     if dump["error"]:
         return stopping(import_findings(missing))
-    return stopping(cri_start_findings(dump["dump"], load_order(resolve_tree(main_path, texts, root)), missing))
+    tree = load_order(resolve_tree(main_path, texts, root))
+    return stopping(cri_start_findings(dump["dump"], tree, missing, version=version))

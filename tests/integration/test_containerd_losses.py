@@ -19,7 +19,10 @@ from tests.realbin.namespace import ScenarioHost
 from tests.realbin.scenarios import CONFD, CONFIG, main_with_cri, registry
 
 pytestmark = pytest.mark.containerd
-V3_DROPIN = 'version = 3\n[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nvidia]\n  runtime_type = "io.containerd.runc.v2"\n'
+V3_DROPIN = (
+    'version = 3\n[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nvidia]\n'
+    '  runtime_type = "io.containerd.runc.v2"\n'
+)
 
 
 def lost(tmp_path: Path, version: str, files: dict[str, str]) -> tuple[dict, list[str]]:
