@@ -13,8 +13,6 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.realbin import upstream
-
 from . import cgroups, processes
 from .identity import write_hosts_file
 from .state import HostState
@@ -38,6 +36,8 @@ def upstream_binds(version: str) -> list[str]:
     """nspawn arguments binding containerd ``version``'s build (``""``: none) over the root's binaries."""
     if not version:
         return []
+    from tests.realbin import upstream  # here: upstream's own imports come back to this package
+
     built = upstream.containerd_binary(version).parent
     return [f"--bind-ro={built / command}:/usr/bin/{command}" for command in upstream.COMMANDS]
 
