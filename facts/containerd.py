@@ -15,7 +15,7 @@ from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 from typing_extensions import override
 
-from pyinfra_gpunode import shell
+from pyinfra_gpunode import node_toml, shell
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
 from pyinfra_gpunode.containerd_dump import (
     CriLoaded,
@@ -210,7 +210,7 @@ def _process_dump(output: list[str]) -> DumpInfo:
     if rc != "0":
         return {"summary": None, "dump": {}, "warnings": warnings, "error": "\n".join(stderr) or rc_line}
     try:
-        dump = with_shared_keys(tomllib.loads("\n".join(output[:marker])))
+        dump = with_shared_keys(node_toml.loads("\n".join(output[:marker])))
     except tomllib.TOMLDecodeError as exc:
         return {"summary": None, "dump": {}, "warnings": warnings, "error": f"dump is not TOML: {exc}"}
     return {"summary": summarize(dump), "dump": dump, "warnings": warnings, "error": None}

@@ -41,6 +41,7 @@ from typing import Any
 import tomlkit
 from jinja2 import Environment, StrictUndefined
 
+from pyinfra_gpunode import node_toml
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, load_order, parsed, resolve_tree
 from pyinfra_gpunode.log import CONTROL, without_controls
 from pyinfra_gpunode.settings import CONTAINERD_MODE, DROPIN_DIR, RUNTIME_BINARY
@@ -196,7 +197,7 @@ def _render(
         + [PROVENANCE + json.dumps({"file": path, "keys": keys}) for path, keys in _by_file(carried).items()]
     )
     text = _TEMPLATE.render(purpose=PURPOSE[mode], account=account, provenance=provenance, body=body, imported=imported)
-    if tomllib.loads(text) != data:
+    if node_toml.loads(text) != data:
         raise RuntimeError("rendered drop-in does not parse back to the intended configuration")
     return text
 
@@ -724,7 +725,7 @@ def _drop_own_runtime(result: Plan, options: Options, previous: str | None) -> N
     registered itself, not carried from a file, goes; in runtime mode, the NRI plugin table it wrote.
     The plan says which; the gate lets the keys go (``dropped``)."""
     try:
-        data = tomllib.loads(previous or "")
+        data = node_toml.loads(previous or "")
     except tomllib.TOMLDecodeError:
         return
     if options.mode == "runtime":

@@ -15,6 +15,8 @@ import re
 import tomllib
 from typing import Any, TypedDict
 
+from pyinfra_gpunode import node_toml
+
 CONFIG_ROOT = "/etc/containerd"
 _GLOB_META = re.compile(r"[*?\[]")
 _NOT_UTF8 = re.compile("[\udc80-\udcff]")
@@ -201,14 +203,14 @@ def parsed(config: ConfigFile) -> dict[str, Any]:
 
 
 def toml_data(text: str) -> dict[str, Any]:
-    """``tomllib.loads(text)``, a fresh copy each time: the same config text is parsed once per process (a
+    """``node_toml.loads(text)``, a fresh copy each time: the same config text is parsed once per process (a
     run reads each node's files in several steps, and many nodes share one text)."""
     return copy.deepcopy(_parsed_text(text))
 
 
 @functools.lru_cache(maxsize=64)
 def _parsed_text(text: str) -> dict[str, Any]:
-    return tomllib.loads(text)
+    return node_toml.loads(text)
 
 
 def strictest_mode(modes: list[str], base: str = "644") -> str:

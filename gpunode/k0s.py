@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from pyinfra_gpunode import node_toml
 from pyinfra_gpunode.containerd_dropin import CRI_V2, Options
 from pyinfra_gpunode.platform import K0S_CONFIG, K0S_DROPINS, K0S_MARKER, K0S_SOCKET
 from pyinfra_gpunode.versions import ContainerdVersionInfo
@@ -49,7 +50,7 @@ def options(base: Options) -> Options:
 
 def _imports(text: str) -> list[str] | None:
     try:
-        imports = tomllib.loads(text).get("imports")
+        imports = node_toml.loads(text).get("imports")
     except tomllib.TOMLDecodeError:
         return None
     return [str(entry) for entry in imports] if isinstance(imports, list) else []
@@ -100,7 +101,7 @@ def dropin_problems(text: str) -> list[str]:
     """Why k0s (1.36 and later) would refuse our drop-in, as its ``ValidateConfigFile`` does: a
     ``version`` other than 3, a ``plugins."io.containerd.grpc.v1.cri"`` table; ``[]`` when none."""
     try:
-        data: dict[str, Any] = tomllib.loads(text)
+        data: dict[str, Any] = node_toml.loads(text)
     except tomllib.TOMLDecodeError as error:
         return [f"{DROPIN}: invalid TOML: {error}"]
     problems = []

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pyinfra_gpunode import node_toml
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, OUR_DROPIN, RUNTIME
 from pyinfra_gpunode.driver_versions import version_from_library
 from pyinfra_gpunode.k0s import DROPIN as K0S_DROPIN
@@ -54,7 +55,7 @@ def defined_runtime(text: str, name: str) -> tuple[bool, str | None]:
     """``(defines, BinaryName)`` of runtime ``name`` in a containerd config file's ``text``
     (CRI plugin of config version 2 or 3); a file that does not parse defines nothing."""
     try:
-        data = tomllib.loads(text)
+        data = node_toml.loads(text)
     except tomllib.TOMLDecodeError:
         return False, None
     plugins = data.get("plugins")

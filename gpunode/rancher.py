@@ -19,6 +19,7 @@ from typing import Any
 
 import tomlkit
 
+from pyinfra_gpunode import node_toml
 from pyinfra_gpunode.containerd_dropin import CRI_V3_RUNTIME, NRI, flatten
 from pyinfra_gpunode.platform import NAMES, ContainerdPlatformInfo, rancher_config
 from pyinfra_gpunode.versions import ContainerdVersionInfo
@@ -67,7 +68,7 @@ def layout_problem(version: ContainerdVersionInfo | None, generated: str | None,
     if generated is None:
         return f"{config} is missing"
     try:
-        data = tomllib.loads(generated)
+        data = node_toml.loads(generated)
     except tomllib.TOMLDecodeError as error:
         return f"{config} is not TOML: {error}"
     imports = data.get("imports")
@@ -86,7 +87,7 @@ def appliable(requests: Mapping[str, object], info: ContainerdPlatformInfo) -> b
 def _nvidia(generated: str) -> dict[str, Any]:
     """The nvidia runtime as the agent generated it (its type and options), for a handler of another name."""
     try:
-        runtimes = tomllib.loads(generated)["plugins"][CRI_V3_RUNTIME]["containerd"]["runtimes"]
+        runtimes = node_toml.loads(generated)["plugins"][CRI_V3_RUNTIME]["containerd"]["runtimes"]
     except (tomllib.TOMLDecodeError, KeyError, TypeError):
         return {}
     nvidia = runtimes.get("nvidia") if isinstance(runtimes, dict) else None
@@ -198,7 +199,7 @@ def written_table(text: str | None) -> dict[str, Any]:
     if not text:
         return {}
     try:
-        return tomllib.loads(text)
+        return node_toml.loads(text)
     except tomllib.TOMLDecodeError:
         return {}
 

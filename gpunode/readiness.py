@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import TYPE_CHECKING, Any, cast
 
+from pyinfra_gpunode import node_toml
 from pyinfra_gpunode.cdi_checks import missing_devices, priority_dirs, untrue_specs
 from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_RUNTIME, RUNC_V2, RUNTIME
 from pyinfra_gpunode.containerd_dump import CTR, nri_state
@@ -388,7 +389,7 @@ def _defines_nvidia(config: dict[str, Any]) -> bool:
     if not config.get("text"):
         return False
     try:
-        data = tomllib.loads(config["text"])
+        data = node_toml.loads(config["text"])
     except tomllib.TOMLDecodeError:
         return False
     plugins = data.get("plugins", {})

@@ -16,6 +16,8 @@ from tomlkit.container import Container, OutOfOrderTableProxy
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import AoT, Array, InlineTable, Table
 
+from pyinfra_gpunode import node_toml
+
 REDACTED = "<redacted>"
 # Whole tables of credentials: registry auth, every header (their values carry tokens).
 _SECRET_TABLES = {"auth", "auths", "authorization", "credentials", "headers", "header"}
@@ -90,14 +92,14 @@ def redacted(text: str) -> str:
     is not shown at all.
     """
     try:
-        wanted = redacted_value(tomllib.loads(text))
+        wanted = redacted_value(node_toml.loads(text))
     except tomllib.TOMLDecodeError as error:
         return f"# not shown: not valid TOML ({error})\n"
     try:
         document = tomlkit.parse(text)
         _redact_container(document, False)
         kept = tomlkit.dumps(document)
-        if tomllib.loads(kept) == wanted:
+        if node_toml.loads(kept) == wanted:
             return kept
     except (TOMLKitError, tomllib.TOMLDecodeError, ValueError):
         pass

@@ -1,0 +1,39 @@
+"""TOML from a node parsed within limits: a deep or huge file is that file's error, never a RecursionError."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from pyinfra_gpunode import node_toml
+from pyinfra_gpunode.containerd_files import parse_config_file
+from pyinfra_gpunode.facts.containerd import ContainerdConfigDump
+
+# 1 KB or so each: arrays and inline tables beyond what tomllib's recursion reaches, and dotted tables it
+# parses but no recursive walk after it (a deep copy, flatten) could.
+ARRAYS = "version = 2\nx = " + "[" * 600 + "]" * 600 + "\n"
+INLINE = "version = 2\nx = " + "{a = " * 600 + "1" + "}" * 600 + "\n"
+DOTTED = "version = 2\n[" + ".".join(["k"] * 300) + "]\nx = 1\n"
+
+
+@pytest.mark.parametrize("text", [ARRAYS, INLINE, DOTTED], ids=["arrays", "inline tables", "dotted tables"])
+def test_a_deep_document_is_a_decode_error(text: str) -> None:
+    with pytest.raises(tomllib.TOMLDecodeError, match="nested"):
+        node_toml.loads(text)
+    config = parse_config_file("/etc/containerd/config.toml", text)
+    assert config["error"] is not None and "nested" in config["error"]
+
+
+def test_a_huge_text_is_a_decode_error_and_a_real_config_parses() -> None:
+    with pytest.raises(tomllib.TOMLDecodeError, match="are not read"):
+        node_toml.loads("x = 1\n" + "#" * node_toml.MAX_BYTES)
+    text = '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n  SystemdCgroup = true\n'
+    assert node_toml.loads(text) == tomllib.loads(text)
+    assert node_toml.depth(tomllib.loads(text)) == 7  # the document itself and six tables
+
+
+def test_a_deep_dump_is_the_dumps_error() -> None:
+    lines = [*ARRAYS.splitlines(), "### gpunode-stderr", "### gpunode-rc 0"]
+    dump = ContainerdConfigDump().process(lines)
+    assert dump["summary"] is None and dump["error"] is not None and "nested too deeply" in dump["error"]
