@@ -20,7 +20,7 @@ from tests.fleet.state import HostState
 
 PROJECT = Path(__file__).resolve().parents[2]
 
-EXPECTED_CONTAINERD = {"node1": "1.7.24", "node2": "1.7.24", "node3": "2.1.9"}
+EXPECTED_CONTAINERD = {"node1": "1.7.24", "node2": "1.7.24", "node3": "v2.3.4"}  # node3: the 2.3 build
 
 
 @pytest.mark.fleet
