@@ -1,0 +1,79 @@
+"""One sick node never stops the fleet: a poisoned node's data fails that node alone.
+
+Three Debian trixie roots (containerd 1.7.24) through the real CLI: a healthy one, one whose config.toml
+is a 1 KB file nested 600 levels deep (tomllib, and every recursive walk after it, raise ``RecursionError``
+on it), and one whose drop-in nests dotted tables 300 levels deep (parsed, but no deep copy survives it).
+The readiness report and the deploy's dry run both finish for every node; the healthy node gets its report
+and its plan as it would alone, the poisoned ones name their file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import cli
+from tests.fleet.roots import planted_copies
+from tests.realbin.scenarios import CONFD, CONFIG, IMPORTS
+
+pytestmark = pytest.mark.containerd
+ARRAYS = "version = 2\n" + IMPORTS + "x = " + "[" * 600 + "]" * 600 + "\n"
+DOTTED = "version = 2\n[" + ".".join(["k"] * 300) + "]\nx = 1\n"
+
+
+def plant(files: dict[str, str]):
+    def planted(root: Path) -> None:
+        for path, text in files.items():
+            target = root / path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+        (root / "usr/bin/ctr").unlink()  # no daemon runs in a root: ctr would wait for its socket
+
+    return planted
+
+
+NODES = {
+    "healthy": plant({CONFIG: "version = 2\n" + IMPORTS}),
+    "deep_config": plant({CONFIG: ARRAYS}),
+    "deep_dropin": plant({CONFIG: "version = 2\n" + IMPORTS, f"{CONFD}/10-deep.toml": DOTTED}),
+}
+
+
+@pytest.fixture
+def roots(trixie_root: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
+    with planted_copies(trixie_root, tmp_path, NODES) as copies:
+        yield copies
+
+
+def lines_of(output: str, root: Path) -> list[str]:
+    return [line for line in output.splitlines() if f"[@chroot/{root}]" in line]
+
+
+def test_a_deeply_nested_file_fails_its_node_alone(roots: dict[str, Path], tmp_path: Path) -> None:
+    inventory = ",".join(f"@chroot/{root}" for root in roots.values())
+    report = tmp_path / "report.json"
+    readiness = cli.pyinfra("-y", "--data", f"gpunode_readiness_json={report}", inventory, "deploys/readiness.py")
+    assert "Traceback" not in readiness.stdout and "RecursionError" not in readiness.stdout, readiness.stdout
+    document = json.loads(report.read_text())
+    assert document["run"]["complete"] is True
+    nodes = {node["node"]: node for node in document["nodes"]}
+    assert set(nodes) == {f"@chroot/{root}" for root in roots.values()}
+    # Every node reported, each by its own files (none defines the nvidia runtime yet); the deep config.toml
+    # is one containerd itself reads.
+    for node in nodes.values():
+        assert (node["state"], node["first_broken"]) == ("not_ready", "containerd_config"), node
+        assert node["cause"] == f"no config file loaded from {CONFIG} defines the nvidia runtime", node
+
+    dry = cli.pyinfra("--dry", "--data", "gpunode_containerd_restart=none", inventory, "deploys/containerd_runtime.py")
+    assert "Traceback" not in dry.stdout and "RecursionError" not in dry.stdout, dry.stdout
+    healthy_lines = "\n".join(lines_of(dry.stdout, roots["healthy"]))
+    assert "nvidia-runtime.toml" in healthy_lines, dry.stdout
+    config_lines = "\n".join(lines_of(dry.stdout, roots["deep_config"]))
+    assert f"{CONFIG}: invalid TOML: nested too deeply to read (at most 64 levels are)" in config_lines, dry.stdout
+    dropin_lines = "\n".join(lines_of(dry.stdout, roots["deep_dropin"]))
+    assert f"{CONFD}/10-deep.toml: invalid TOML: nested 301 levels deep: at most 64 are read" in dropin_lines, (
+        dry.stdout
+    )
