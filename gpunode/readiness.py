@@ -72,6 +72,7 @@ class NodeReadiness:
     links: list[Link]
     versions: dict[str, str | None] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # what is worth knowing but breaks no link
+    read_at: str | None = None  # when the node was read (ISO 8601, UTC; the controller's clock)
 
     @property
     def first_broken(self) -> Link | None:
@@ -91,6 +92,7 @@ class NodeReadiness:
             "fix": first.fix if first else None,
             "versions": self.versions,
             "warnings": self.warnings,
+            "read_at": self.read_at,
             "links": [asdict(link) for link in self.links],
         }
 
@@ -898,6 +900,14 @@ def _lost_settings(facts: NodeReadinessInfo) -> list[str]:
     return [f"containerd's merged config loses what its files set: {'; '.join(lost)}"] if lost else []
 
 
+def unjudged(node: str, error: str) -> NodeReadiness:
+    """The report of a node whose answer could not be judged (``error``: what the controller raised on it):
+    one broken link naming the error, so the node fails alone and every other node is reported."""
+    cause = f"the controller could not judge this node's answer: {without_controls(error)[:500]}"
+    link = Link("read", "the node's readiness read", BROKEN, "answer not judged", cause, "see the cause; report it")
+    return NodeReadiness(node, [link])
+
+
 # ---- output -----------------------------------------------------------------------------------
 
 
@@ -938,8 +948,23 @@ def fleet_text(reports: list[NodeReadiness]) -> str:
 
 
 # Version of ``fleet_json``'s layout: raised when a key changes meaning or goes away (added keys keep it).
-SCHEMA = 1
+# 2: the ``run`` the report is of, each node's ``read_at``, nodes the run did not read.
+SCHEMA = 2
 READY, NOT_READY, UNREADABLE = "ready", "not_ready", "unreadable"
+NOT_READ = "not read: the run ended before this node's readiness was read"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The run a report is of: a random ``id``, when it ``started`` and ``ended`` (ISO 8601, UTC), how many
+    nodes it was for (its inventory, less what ``--limit`` left out), and whether every one of them was read
+    or failed before the run ended (``complete``)."""
+
+    id: str
+    started: str
+    ended: str
+    inventory_nodes: int
+    complete: bool
 
 
 def _failure(report: NodeReadiness) -> dict[str, Any] | None:
@@ -949,10 +974,13 @@ def _failure(report: NodeReadiness) -> dict[str, Any] | None:
     return {"node": report.node, "state": NOT_READY, "link": first.id, "cause": first.cause, "fix": first.fix}
 
 
-def fleet_json(reports: list[NodeReadiness], unreadable: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The whole report as JSON data: ``schema``, the ``summary`` of the nodes read, ``failures`` (one per
-    node that is not ready or could not be read: ``unreadable`` maps such a node to why) and each node's
-    detail with its ``state`` (``ready``, ``not_ready``, ``unreadable``)."""
+def fleet_json(
+    reports: list[NodeReadiness], unreadable: Mapping[str, str] | None = None, run: RunInfo | None = None
+) -> dict[str, Any]:
+    """The whole report as JSON data: ``schema``, the ``run`` it is of, the ``summary`` of the nodes read,
+    ``failures`` (one per node that is not ready or could not be read: ``unreadable`` maps such a node to why,
+    a node the run did not reach included) and each node's detail with its ``state`` (``ready``,
+    ``not_ready``, ``unreadable``) and the time it was read (``read_at``)."""
     unread = dict(unreadable or {})
     failures = [failure for report in reports if (failure := _failure(report))]
     failures += [
@@ -960,7 +988,13 @@ def fleet_json(reports: list[NodeReadiness], unreadable: Mapping[str, str] | Non
     ]
     nodes = [{**report.as_dict(), "state": READY if report.ready else NOT_READY} for report in reports]
     nodes += [{"node": node, "state": UNREADABLE, "ready": False, "error": why} for node, why in unread.items()]
-    return {"schema": SCHEMA, "summary": fleet_summary(reports), "failures": failures, "nodes": nodes}
+    return {
+        "schema": SCHEMA,
+        "run": asdict(run) if run else None,
+        "summary": fleet_summary(reports),
+        "failures": failures,
+        "nodes": nodes,
+    }
 
 
 def exit_status(document: Mapping[str, Any]) -> int:

@@ -50,9 +50,10 @@ class RunState:
     planned: dict[str, tuple[Registration, NodeSettings]] = field(default_factory=dict)
 
     # readiness.py: each node's readiness report, read once (a run that checks for changes first reuses it);
-    # whether the fleet's report was printed.
+    # whether the fleet's report was printed (and written: complete); the report's run id and start time.
     readiness: dict[str, ReadinessReport] = field(default_factory=dict)
     readiness_printed: bool = False
+    readiness_run: tuple[str, str] | None = None
 
     # nvidia.py: the packages downloaded into each node's apt cache before the rollout's turns (name -> exact
     # version; "": any), which the node's turn installs without downloading.

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
+import tempfile
+import uuid
+import weakref
 from collections.abc import Generator
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import State, operation
+from pyinfra.api.exceptions import PyinfraError
 
 from pyinfra_gpunode.facts.cdi import SPEC_DIRS
 from pyinfra_gpunode.facts.platform import ContainerdPlatform
@@ -20,8 +26,8 @@ from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.operations._run_state import run_state
 from pyinfra_gpunode.operations._shared import node_fact
 from pyinfra_gpunode.platform import platform_containerd
+from pyinfra_gpunode.readiness import NOT_READ, RunInfo, assess, fleet_json, fleet_text, node_text, unjudged
 from pyinfra_gpunode.readiness import NodeReadiness as Report
-from pyinfra_gpunode.readiness import assess, fleet_json, fleet_text, node_text
 from pyinfra_gpunode.settings import CDI_SPEC_PATH, CONTAINERD_MODE, RUNTIME_BINARY, RUNTIME_HANDLER
 
 
@@ -55,9 +61,11 @@ def reported(
       merged config must have NRI and CDI on instead
 
     The report reads the same with and without ``--dry``; a node that is not ready fails when the
-    operations run (``-y``), so the exit status is non-zero. The JSON file (schema 1) lists every
-    node's state and a ``failures`` entry for each node not ready or not read (one that failed
-    before its read); ``python -m pyinfra_gpunode.readiness_status FILE`` exits 0, 1 or 2 from it.
+    operations run (``-y``), so the exit status is non-zero. The JSON file (schema 2), written at the
+    end of every run (a run cut short included), names the run, lists every node's state and time of
+    reading and a ``failures`` entry for each node not ready or not read;
+    ``python -m pyinfra_gpunode.readiness_status [--max-age AGE] FILE`` exits 0, 1, 2 or 3 (a file not to
+    trust) from it.
 
     **Example:**
 
@@ -68,8 +76,16 @@ def reported(
     run = current_state()
     reports = run_state(run).readiness
     if host.name not in reports:
-        facts = _readiness_facts(binary, cdi_spec_dirs)
-        reports[host.name] = assess(host.name, facts, binary, cdi_spec_path, handler, mode, date.today())
+        report_at_exit(json_path)
+        try:
+            facts = _readiness_facts(binary, cdi_spec_dirs)
+            report = assess(host.name, facts, binary, cdi_spec_path, handler, mode, date.today())
+        except PyinfraError:
+            raise  # pyinfra's own: a connection or command failure, which fails this node as it should
+        except Exception as error:  # a node's answer no check foresaw fails that node's report, not the run
+            report = unjudged(host.name, f"{type(error).__name__}: {error}")
+        report.read_at = _now()
+        reports[host.name] = report
         _print_when_complete(run, reports, json_path)
     report = reports[host.name]
     first = report.first_broken
@@ -90,6 +106,69 @@ def _readiness_facts(binary: str, cdi_spec_dirs: list[str] | None) -> NodeReadin
     return node_fact(NodeReadiness, binary=binary, **arguments)
 
 
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def report_at_exit(json_path: str | None) -> None:
+    """Once per run, as its first node's readiness step is added (``pipelines.readiness``) or read: the run's
+    id and start, and a last write of the JSON report at ``json_path`` when the controller's process exits,
+    for a run that ends (fails, is interrupted) before every node was read: a report of the last run is
+    always there, the nodes it did not read marked so."""
+    run = current_state()
+    kept = run_state(run)
+    if kept.readiness_run is not None:
+        return
+    kept.readiness_run = (uuid.uuid4().hex, _now())
+    if json_path:
+        atexit.register(_write_unless_complete, weakref.ref(run), json_path)
+
+
+def _write_unless_complete(ref: weakref.ref[State], json_path: str) -> None:
+    run = ref()
+    if run is not None and not run_state(run).readiness_printed:
+        _write_json(run, run_state(run).readiness, json_path, complete=False)
+
+
+def _targets(run: State) -> list[str]:
+    """The nodes run ``run`` is for, in inventory order: those it connected to or failed to (``--limit``
+    leaves the others out)."""
+    return [node.name for node in run.inventory if node in run.activated_hosts or node in run.failed_hosts]
+
+
+def _unread(run: State, reports: dict[str, Report]) -> dict[str, str]:
+    failed = "the node failed before its readiness was read (connection or command failed)"
+    by_name = {node.name: node for node in run.inventory}
+    return {
+        name: failed if by_name[name] in run.failed_hosts else NOT_READ
+        for name in _targets(run)
+        if name not in reports
+    }
+
+
+def _write_json(run: State, reports: dict[str, Report], json_path: str, complete: bool) -> None:
+    """The report as JSON at ``json_path``, written whole (a new file renamed over the old one) or not at all."""
+    run_id, started = run_state(run).readiness_run or ("", "")
+    targets = _targets(run)
+    info = RunInfo(run_id, started, _now(), len(targets), complete)
+    ordered = [reports[name] for name in targets if name in reports]
+    document = fleet_json(ordered, _unread(run, reports), info)
+    target = Path(json_path)
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", delete=False) as out:
+            out.write(json.dumps(document, indent=2) + "\n")
+        os.chmod(out.name, 0o644)
+        os.replace(out.name, target)
+    except OSError as error:  # raising here would abort the run for every node
+        logger.error("--> Readiness report not written to %s: %s", json_path, error)
+        if "out" in locals():
+            Path(out.name).unlink(missing_ok=True)
+    else:
+        logger.info(
+            "--> Readiness report written to %s%s", json_path, "" if complete else " (the run did not read every node)"
+        )
+
+
 def _print_when_complete(run: State, reports: dict[str, Report], json_path: str | None) -> None:
     order = [node.name for node in run.inventory if node in run.active_hosts]
     if run_state(run).readiness_printed or not all(name in reports for name in order):
@@ -105,9 +184,4 @@ def _print_when_complete(run: State, reports: dict[str, Report], json_path: str 
     text = "\n".join(node_text(report) for report in ordered)
     logger.info("--> Readiness\n%s\n%s%s", text, fleet_text(ordered), unread)
     if json_path:
-        try:
-            Path(json_path).write_text(json.dumps(fleet_json(ordered, unreadable), indent=2) + "\n")
-        except OSError as error:  # raising here would abort the run for every node
-            logger.error("--> Readiness report not written to %s: %s", json_path, error)
-        else:
-            logger.info("--> Readiness report written to %s", json_path)
+        _write_json(run, reports, json_path, complete=True)

@@ -36,6 +36,7 @@ def node_readiness_reported(fail_not_ready: bool = True) -> None:
     for warning in world_writable_warnings(settings):
         logger.warning("%s%s", host.print_prefix, warning)
     snapshot_binary(settings.runtime.binary)
+    readiness.report_at_exit(settings.readiness.json_path)
     readiness.reported(
         name="readiness: every link of the chain",
         binary=settings.runtime.binary,

@@ -10,6 +10,7 @@ on the Unix socket ``SOCKET``: ``{"argv", "cwd", "env", "stdout", "stderr"}`` (`
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
@@ -60,6 +61,7 @@ def _run(request: dict[str, Any], connection: socket.socket) -> int:
     main = sys.modules["__main__"]
     main.__package__, main.__spec__, main.__file__ = None, None, sys.argv[0]
     connection.sendall(f"pid {os.getpid()}\n".encode())
+    atexit._clear()  # the exit functions of this run alone, run as the interpreter runs them at its exit
     try:
         cli_main.main()
         code = 0
@@ -68,6 +70,7 @@ def _run(request: dict[str, Any], connection: socket.socket) -> int:
     except BaseException:  # as the interpreter would: the traceback on stderr, status 1
         traceback.print_exc()
         code = 1
+    atexit._run_exitfuncs()
     return code
 
 

@@ -173,6 +173,12 @@ def report_status(report: Path) -> int:
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60).returncode
 
 
+def without_times(document: dict) -> dict:
+    """A report less what differs from run to run: the run's id and times, each node's time of reading."""
+    nodes = [{key: value for key, value in node.items() if key != "read_at"} for node in document["nodes"]]
+    return {**document, "run": None, "nodes": nodes}
+
+
 def digest(root: Path) -> str:
     command = "find /etc /var/lib /run -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum"
     return subprocess.run(["chroot", str(root), "sh", "-c", command], capture_output=True, text=True, check=True).stdout
@@ -187,7 +193,11 @@ def test_each_planted_broken_link_is_named_with_its_cause_and_nothing_changes(
     assert {name: digest(root) for name, root in roots.items()} == before, "the report changed a root"
 
     document = json.loads((tmp_path / "run.json").read_text())
-    assert document == json.loads((tmp_path / "dry.json").read_text())
+    dry_document = json.loads((tmp_path / "dry.json").read_text())
+    assert without_times(document) == without_times(dry_document)
+    assert document["run"]["id"] != dry_document["run"]["id"]
+    assert document["run"]["complete"] is True and document["run"]["inventory_nodes"] == len(NODES)
+    assert all(node["read_at"] >= document["run"]["started"] for node in document["nodes"])
     assert run.returncode != 0 and dry.returncode == 0, run.stdout
     nodes = {node["node"]: node for node in document["nodes"]}
     for name, (_, link, cause) in NODES.items():
@@ -213,7 +223,7 @@ def test_each_planted_broken_link_is_named_with_its_cause_and_nothing_changes(
     assert document["summary"]["not_ready_by_first_broken_link"]["cdi"] == [
         f"@chroot/{roots[name]}" for name in ("cdi_missing", "cdi_other_driver", "cdi_missing_gpu")
     ]
-    assert document["schema"] == 1 and report_status(tmp_path / "run.json") == 1
+    assert document["schema"] == 2 and report_status(tmp_path / "run.json") == 1
     assert {failure["node"] for failure in document["failures"]} == {
         node["node"] for node in document["nodes"] if node["state"] == "not_ready"
     }
@@ -226,3 +236,30 @@ def test_each_planted_broken_link_is_named_with_its_cause_and_nothing_changes(
     assert with_gone.returncode == 1 and report_status(tmp_path / "gone.json") == 2, with_gone.stdout
     (failure,) = json.loads((tmp_path / "gone.json").read_text())["failures"]
     assert failure["node"] == f"@chroot/{gone}" and failure["state"] == "unreadable"
+
+
+def test_a_run_that_dies_replaces_the_last_report_with_its_own(roots: dict[str, Path], tmp_path: Path) -> None:
+    """The controller dies after its deploy began (here: the deploy file raises for the second node): the
+    previous report does not stay to be read as current; the run's own is written, not complete, and the
+    status says so."""
+    report = tmp_path / "report.json"
+    ready, other = roots["ready"], roots["plugin"]
+    readiness_of(f"@chroot/{ready}", report, "-y")
+    assert report_status(report) == 0
+    previous = json.loads(report.read_text())["run"]["id"]
+    dies = tmp_path / "dies.py"
+    dies.write_text(
+        "from pyinfra import host\n"
+        "from pyinfra_gpunode.pipelines.readiness import node_readiness_reported\n"
+        "node_readiness_reported()\n"
+        f"if host.name == {f'@chroot/{other}'!r}:\n"
+        "    raise RuntimeError('the controller died')\n"
+    )
+    died = cli.pyinfra("-y", "--data", f"gpunode_readiness_json={report}", f"@chroot/{ready},@chroot/{other}", dies)
+    assert died.returncode != 0, died.stdout
+    document = json.loads(report.read_text())
+    assert document["run"]["id"] != previous and document["run"]["complete"] is False
+    assert document["run"]["inventory_nodes"] == 2 and len(document["nodes"]) == 2
+    unread = [node for node in document["nodes"] if node["state"] == "unreadable"]
+    assert unread and all(node["error"].startswith("not read: the run ended") for node in unread), document
+    assert report_status(report) == 2
