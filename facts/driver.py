@@ -32,6 +32,7 @@ class DriverInfo(TypedDict):
     userspace_version: str | None
     mismatch: bool
     nvidia_smi_ok: bool
+    nvidia_smi_hung: bool  # nvidia-smi did not answer within SMI_SECONDS (a wedged GPU or driver)
     library: str | None
     library_package: str | None
 
@@ -55,7 +56,10 @@ class NvidiaHostStateInfo(TypedDict):
 _SHELL = Path(__file__).parent / "shell"
 # Print the loaded module's version, the userspace library, its package and nvidia-smi's status
 # (shell/nvidia-driver.sh).
-DRIVER_COMMAND = shell.command(shell.script(_SHELL / "nvidia-driver.sh"), "gpunode-nvidia-driver", MARK)
+SMI_SECONDS = 10  # nvidia-smi answers in well under a second on a sound GPU; a wedged one may never answer
+DRIVER_COMMAND = shell.command(
+    shell.script(_SHELL / "nvidia-driver.sh"), "gpunode-nvidia-driver", MARK, str(SMI_SECONDS)
+)
 # Print the NVIDIA module built for the running kernel and its version (shell/built-module.sh).
 _BUILT_MODULE = shell.command(shell.script(_SHELL / "built-module.sh"), "gpunode-built-module", MARK)
 
@@ -86,6 +90,7 @@ def parse_driver(sections: dict[str, list[str]]) -> DriverInfo:
         "userspace_version": userspace,
         "mismatch": bool(kernel_version and userspace and kernel_version != userspace),
         "nvidia_smi_ok": smi == ["rc=0"],
+        "nvidia_smi_hung": smi == ["rc=timeout"],
         "library": paths[0] if paths else None,
         "library_package": owners[0].split(":", 1)[0] if owners else None,
     }
@@ -113,6 +118,7 @@ class NvidiaDriver(FactBase[DriverInfo]):
             "userspace_version": "580.95.05",
             "mismatch": False,
             "nvidia_smi_ok": True,
+            "nvidia_smi_hung": False,
             "library": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05",
             "library_package": "libnvidia-compute-580-server",
         }
@@ -149,7 +155,7 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
             "pci": {"gpus": [], "nvswitches": [], "nvswitch": False},
             "driver": {"loaded": False, "kernel_module_version": None, "module_flavor": None,
                        "userspace_version": None, "mismatch": False, "nvidia_smi_ok": False,
-                       "library": None, "library_package": None},
+                       "nvidia_smi_hung": False, "library": None, "library_package": None},
             "fabric_manager": {"packages": {}, "held": [], "version": None,
                                "active": None, "enabled": None},
             "packages": {"nvidia-driver": {"version": "550.163.01-2", "held": True}},

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-import shlex
+from pathlib import Path
 from typing import TypedDict, cast
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 from typing_extensions import override
+
+from pyinfra_gpunode import shell
 
 
 class NvmlDevice(TypedDict):
@@ -73,11 +75,20 @@ print(json.dumps(out))
 """
 
 
+NVML_SECONDS = 20  # nvmlInit and the queries take a second or two on an 8-GPU node; a wedged GPU may never answer
+# NVML asked through the snippet where the node has an NVIDIA PCI device and python3, bounded in time
+# (shell/nvml.sh): ``{"error": "Timeout", ...}`` where it does not answer.
+NVML_COMMAND = shell.command(
+    shell.script(Path(__file__).parent / "shell" / "nvml.sh"), "gpunode-nvml", str(NVML_SECONDS), NVML_SNIPPET
+)
+
+
 class NvmlInfo(FactBase[NvmlInfoDict | None]):
     """
     Returns what NVML reports through pynvml (``nvidia-ml-py``) when ``python3`` on the node
     can import it: driver, NVML and CUDA driver versions and the devices, or the NVML error
-    name (e.g. ``LibRmVersionMismatch``, ``DriverNotLoaded``). NVML is asked only while the
+    name (e.g. ``LibRmVersionMismatch``, ``DriverNotLoaded``; ``Timeout`` where it did not answer within
+    ``NVML_SECONDS``: a wedged GPU). NVML is asked only while the
     nvidia module is loaded (``/sys/module/nvidia``), since initialising it may load the module:
     otherwise the error is ``DriverNotLoaded``. None without pynvml, and on a node without an
     NVIDIA PCI device (not asked).
@@ -96,10 +107,7 @@ class NvmlInfo(FactBase[NvmlInfoDict | None]):
 
     @override
     def command(self) -> str:
-        return (
-            "if grep -qsx 0x10de /sys/bus/pci/devices/*/vendor && command -v python3 >/dev/null 2>&1; then "
-            f"python3 -B -c {shlex.quote(NVML_SNIPPET)}; fi"
-        )
+        return NVML_COMMAND
 
     @staticmethod
     def default() -> None:

@@ -192,6 +192,14 @@ def _userspace(facts: NodeReadinessInfo) -> Link:
         return _reboot_pending(module, library, f"module {module}, library {library}{named}")
     if error == "LibRmVersionMismatch":
         return _reboot_pending(module, library, f"module {module}; NVML: {error}")
+    wedged = [what for what, hung in (("NVML", error == "Timeout"), ("nvidia-smi", driver["nvidia_smi_hung"])) if hung]
+    if wedged:
+        return make(
+            BROKEN, f"module {module}: {' and '.join(wedged)} did not answer",
+            cause=f"{' and '.join(wedged)} did not answer in time (nvidia-smi 10 s, NVML 20 s) with module "
+            f"{module} loaded: a GPU or the driver is wedged (the query is left behind on the node)",
+            fix="drain the node; read `dmesg | grep -i -e nvrm -e xid`; reset the GPU (`nvidia-smi -r`) or reboot",
+        )  # fmt: skip
     if error:
         return make(
             BROKEN, f"module {module}, library {library or 'unknown'}; NVML: {error}",

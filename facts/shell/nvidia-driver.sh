@@ -5,10 +5,12 @@
 #   library          every libnvidia-ml.so.1 of the loader's cache for this machine, resolved, first first
 #   library_package  the package that owns the first of them (dpkg may know it without /usr)
 #   smi              rc=N: nvidia-smi's exit status, asked only while the module is loaded (through
-#                    nvidia-modprobe it would load it otherwise)
-# Usage: sh -c "$script" gpunode-nvidia-driver MARK
+#                    nvidia-modprobe it would load it otherwise); rc=timeout where it did not answer within
+#                    SECONDS (a wedged GPU: it may hang in the kernel, out of reach of a signal, so it is left
+#                    behind, killed, with nothing of this program waiting on it)
+# Usage: sh -c "$script" gpunode-nvidia-driver MARK SECONDS
 # Exit status: 0.
-mark=$1
+mark=$1 seconds=$2
 PATH=$PATH:/sbin:/usr/sbin
 echo "${mark}module"
 if [ -r /sys/module/nvidia/version ]; then cat /sys/module/nvidia/version; fi
@@ -25,7 +27,19 @@ if [ -n "$first" ] && command -v dpkg-query >/dev/null 2>&1; then
 fi
 echo "${mark}smi"
 if [ -d /sys/module/nvidia ] && command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi --query-gpu=driver_version --format=csv,noheader >/dev/null 2>&1
-    echo "rc=$?"
+    nvidia-smi --query-gpu=driver_version --format=csv,noheader >/dev/null 2>&1 </dev/null &
+    pid=$!
+    tenths=0
+    while kill -0 "$pid" 2>/dev/null && [ "$tenths" -lt $((seconds * 10)) ]; do
+        sleep 0.1
+        tenths=$((tenths + 1))
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -9 "$pid" 2>/dev/null
+        echo "rc=timeout"
+    else
+        wait "$pid"
+        echo "rc=$?"
+    fi
 fi
 exit 0

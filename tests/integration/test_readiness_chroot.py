@@ -263,3 +263,33 @@ def test_a_run_that_dies_replaces_the_last_report_with_its_own(roots: dict[str, 
     unread = [node for node in document["nodes"] if node["state"] == "unreadable"]
     assert unread and all(node["error"].startswith("not read: the run ended") for node in unread), document
     assert report_status(report) == 2
+
+
+HUNG_SMI = "#!/bin/sh\nexec sleep 600\n"
+HUNG_NVML = "import time\n\n\nclass NVMLError(Exception):\n    pass\n\n\ndef nvmlInit():\n    time.sleep(600)\n"
+
+
+def test_a_wedged_gpu_is_named_and_the_other_node_is_reported(roots: dict[str, Path], tmp_path: Path) -> None:
+    """nvidia-smi and NVML that never answer (stand-ins: a wedged GPU hangs them in the kernel): each is left
+    behind after its time, the node is named wedged, and the run, the other node's report among it, ends."""
+    ready, wedged = roots["ready"], roots["plugin"]
+    write(wedged, "/usr/local/bin/nvidia-smi", HUNG_SMI, mode=0o755)
+    site = subprocess.run(
+        ["chroot", str(wedged), "python3", "-c", "import site; print(site.getsitepackages()[0])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    write(wedged, f"{site}/pynvml.py", HUNG_NVML)
+    report = tmp_path / "wedged.json"
+    data = [f"gpunode_readiness_json={report}", f"gpunode_nvidia_runtime_binary={RUNTIME}"]
+    run = cli.pyinfra(
+        "-y", *(arg for item in data for arg in ("--data", item)), f"@chroot/{ready},@chroot/{wedged}",
+        "deploys/readiness.py", timeout=180,
+    )  # fmt: skip
+    nodes = {node["node"]: node for node in json.loads(report.read_text())["nodes"]}
+    assert nodes[f"@chroot/{ready}"]["ready"] is True, run.stdout
+    found = nodes[f"@chroot/{wedged}"]
+    assert found["first_broken"] == "nvml", json.dumps(found, indent=2)
+    assert found["cause"].startswith(
+        f"NVML and nvidia-smi did not answer in time (nvidia-smi 10 s, NVML 20 s) with module {DRIVER}"
+    )
+    assert report_status(report) == 1

@@ -137,6 +137,20 @@ def test_nvml_failing_for_another_reason_names_the_error() -> None:
     assert "ldconfig" in fix
 
 
+@pytest.mark.parametrize(
+    ("nvml_hung", "smi_hung", "named"),
+    [(True, False, "NVML"), (False, True, "nvidia-smi"), (True, True, "NVML and nvidia-smi")],
+)
+def test_a_wedged_gpu_is_named_wedged_not_a_library_problem(nvml_hung: bool, smi_hung: bool, named: str) -> None:
+    facts = healthy()
+    if nvml_hung:
+        facts["nvml"] = {**facts["nvml"], "error": "Timeout", "driver_version": None, "devices": []}
+    facts["host"]["driver"]["nvidia_smi_hung"] = smi_hung
+    link, cause, fix = first_broken(facts)
+    assert link == "nvml" and cause.startswith(f"{named} did not answer in time (nvidia-smi 10 s, NVML 20 s)")
+    assert "wedged" in cause and "reset the GPU" in fix
+
+
 def test_nvml_seeing_fewer_gpus_than_the_pci_bus() -> None:
     facts = healthy()
     facts["host"]["pci"]["gpus"].append({"address": "0000:00:07.0", "class": "0x030200", "device": "0x2335"})
