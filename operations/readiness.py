@@ -140,9 +140,7 @@ def _unread(run: State, reports: dict[str, Report]) -> dict[str, str]:
     failed = "the node failed before its readiness was read (connection or command failed)"
     by_name = {node.name: node for node in run.inventory}
     return {
-        name: failed if by_name[name] in run.failed_hosts else NOT_READ
-        for name in _targets(run)
-        if name not in reports
+        name: failed if by_name[name] in run.failed_hosts else NOT_READ for name in _targets(run) if name not in reports
     }
 
 
