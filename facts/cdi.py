@@ -19,6 +19,7 @@ from pyinfra_gpunode.cdi_checks import SPEC_DIRS, CdiSpec
 DEVICE_PLUGIN_SPEC = "k8s.device-plugin.nvidia.com-gpu.json"
 MARKER = "@@gpunode-cdi-spec"
 TOO_LARGE = "@@gpunode-cdi-spec-too-large"
+NOT_UTF8 = "@@gpunode-cdi-spec-not-utf8"
 # Print each spec's text, or its size where it is over the limit (shell/cdi-specs.sh).
 _READ_SPECS = shell.script(Path(__file__).parent / "shell" / "cdi-specs.sh")
 _ML = re.compile(r"libnvidia-ml\.so\.(\d+(?:\.\d+)+)")
@@ -83,6 +84,19 @@ class YamlLimits:
 
 
 LIMITS = YamlLimits()
+
+
+@dataclass(frozen=True)
+class NodeBudget:
+    """How much all of one node's CDI specs together may ask of the controller (whose one thread serves every
+    node): a node has a handful of specs; past the budget the rest are errors, not parsed."""
+
+    max_specs: int = 64
+    max_bytes: int = 16 * 1024 * 1024
+    max_seconds: float = 10.0
+
+
+BUDGET = NodeBudget()
 
 
 class SpecLimitError(yaml.YAMLError):
@@ -237,7 +251,7 @@ class CdiSpecs(FactBase[list[CdiSpec]]):
     @override
     def command(self, dirs: list[str] | None = None) -> str:
         return shell.command(
-            _READ_SPECS, "gpunode-cdi-specs", MARKER, TOO_LARGE, str(LIMITS.max_bytes), *spec_dirs(dirs)
+            _READ_SPECS, "gpunode-cdi-specs", MARKER, TOO_LARGE, str(LIMITS.max_bytes), NOT_UTF8, *spec_dirs(dirs)
         )
 
     @staticmethod
@@ -246,27 +260,50 @@ class CdiSpecs(FactBase[list[CdiSpec]]):
 
     @override
     def process(self, output: list[str]) -> list[CdiSpec]:
-        specs: list[CdiSpec] = []
-        current: tuple[str, int | None] | None = None
-        body: list[str] = []
-        for line in [*output, MARKER]:
+        printed: list[tuple[str, int | None, list[str]]] = []
+        for line in output:
             if line.startswith(f"{MARKER} ") or line == MARKER:
-                if current is not None:
-                    specs.append(_printed_spec(current[0], current[1], body))
                 mtime, _, path = line.removeprefix(MARKER).strip().partition(" ")
-                current, body = (path, int(mtime) if mtime.isdigit() else None), []
-                continue
-            body.append(line)
-        return specs
+                printed.append((path, int(mtime) if mtime.isdigit() else None, []))
+            elif printed:
+                printed[-1][2].append(line)
+        return parse_printed(printed)
 
 
-def _printed_spec(path: str, mtime: int | None, body: list[str]) -> CdiSpec:
-    """The spec ``CdiSpecs``' command printed as ``body``: its text, or the size of a file too large to read."""
+def parse_printed(printed: list[tuple[str, int | None, list[str]]], budget: NodeBudget = BUDGET) -> list[CdiSpec]:
+    """Each spec ``CdiSpecs``' command printed (path, mtime, body), parsed within the node's ``budget``: past
+    its count, bytes or seconds the rest are errors naming the file and the budget, not parsed."""
+    specs: list[CdiSpec] = []
+    deadline, size = time.monotonic() + budget.max_seconds, 0
+    for index, (path, mtime, body) in enumerate(printed):
+        size += sum(len(line) + 1 for line in body)
+        left = deadline - time.monotonic()
+        over = (
+            f"more than {budget.max_specs} specs" if index >= budget.max_specs
+            else f"more than {budget.max_bytes} bytes of specs" if size > budget.max_bytes
+            else f"more than {budget.max_seconds:g} s of parsing" if left <= 0
+            else None
+        )  # fmt: skip
+        if over:
+            error = f"{path} is refused unparsed: this node's CDI specs come to {over}, the most one node is read for"
+            specs.append(_summary(path, mtime, {}, error))
+            continue
+        limits = YamlLimits(max_seconds=min(LIMITS.max_seconds, left))
+        specs.append(_printed_spec(path, mtime, body, limits))
+    return specs
+
+
+def _printed_spec(path: str, mtime: int | None, body: list[str], limits: YamlLimits = LIMITS) -> CdiSpec:
+    """The spec ``CdiSpecs``' command printed as ``body``: its text, the size of a file too large to read, or
+    the mark of a file that is not UTF-8."""
     size = body[0].removeprefix(f"{TOO_LARGE} ") if len(body) == 1 else ""
     if body[:1] == [f"{TOO_LARGE} {size}"] and size.isdigit():
         error = f"{path} is refused unread: {size} bytes, more than the limit of {LIMITS.max_bytes} bytes"
         return _summary(path, mtime, {}, error)
-    return parse_spec(path, mtime, "\n".join(body))
+    if body == [NOT_UTF8]:
+        error = f"{path} is refused unread: it is not UTF-8 (CDI specs are UTF-8 YAML or JSON)"
+        return _summary(path, mtime, {}, error)
+    return parse_spec(path, mtime, "\n".join(body), limits)
 
 
 REFRESH_SERVICE = "nvidia-cdi-refresh.service"

@@ -1,10 +1,11 @@
 """One sick node never stops the fleet: a poisoned node's data fails that node alone.
 
-Three Debian trixie roots (containerd 1.7.24) through the real CLI: a healthy one, one whose config.toml
+Four Debian trixie roots (containerd 1.7.24) through the real CLI: a healthy one, one whose config.toml
 is a 1 KB file nested 600 levels deep (tomllib, and every recursive walk after it, raise ``RecursionError``
 on it), and one whose drop-in nests dotted tables 300 levels deep (parsed, but no deep copy survives it).
-The readiness report and the deploy's dry run both finish for every node; the healthy node gets its report
-and its plan as it would alone, the poisoned ones name their file.
+A fourth has a CDI spec with a Latin-1 byte. The readiness report and the deploy's dry run both finish for
+every node; the healthy node gets its report and its plan as it would alone, the poisoned ones name their
+file.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from tests.realbin.scenarios import CONFD, CONFIG, IMPORTS
 pytestmark = pytest.mark.containerd
 ARRAYS = "version = 2\n" + IMPORTS + "x = " + "[" * 600 + "]" * 600 + "\n"
 DOTTED = "version = 2\n[" + ".".join(["k"] * 300) + "]\nx = 1\n"
+LATIN1 = b"cdiVersion: 0.5.0\nkind: example.com/x\n# caf\xe9\ndevices:\n- name: a\n  containerEdits: {}\n"
 
 
-def plant(files: dict[str, str]):
+def plant(files: dict[str, str | bytes]):
     def planted(root: Path) -> None:
         for path, text in files.items():
             target = root / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
+            target.write_bytes(text if isinstance(text, bytes) else text.encode())
         (root / "usr/bin/ctr").unlink()  # no daemon runs in a root: ctr would wait for its socket
 
     return planted
@@ -39,6 +41,9 @@ NODES = {
     "healthy": plant({CONFIG: "version = 2\n" + IMPORTS}),
     "deep_config": plant({CONFIG: ARRAYS}),
     "deep_dropin": plant({CONFIG: "version = 2\n" + IMPORTS, f"{CONFD}/10-deep.toml": DOTTED}),
+    # One Latin-1 byte: the controller reads a node's output as UTF-8, and a byte it cannot decode ended the
+    # read there (everything after the CDI specs, containerd among it, then looked absent).
+    "latin1_spec": plant({CONFIG: "version = 2\n" + IMPORTS, "/etc/cdi/vendor.yaml": LATIN1}),
 }
 
 

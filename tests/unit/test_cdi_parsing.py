@@ -12,7 +12,18 @@ from pathlib import Path
 import pytest
 
 from pyinfra_gpunode import shell
-from pyinfra_gpunode.facts.cdi import _READ_SPECS, LIMITS, MARKER, TOO_LARGE, CdiSpecs, YamlLimits, parse_spec
+from pyinfra_gpunode.facts.cdi import (
+    _READ_SPECS,
+    LIMITS,
+    MARKER,
+    NOT_UTF8,
+    TOO_LARGE,
+    CdiSpecs,
+    NodeBudget,
+    YamlLimits,
+    parse_printed,
+    parse_spec,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "facts" / "cdi.CdiSpecs"
 PATH = "/etc/cdi/nvidia.yaml"
@@ -88,9 +99,42 @@ def test_real_specs_and_a_few_aliases_still_parse() -> None:
 
 def read_specs(*dirs: Path, limit: int = LIMITS.max_bytes) -> list[str]:
     """What the fact's node-side program prints for ``dirs`` (run here by a real ``sh``)."""
-    command = shell.command(_READ_SPECS, "gpunode-cdi-specs", MARKER, TOO_LARGE, str(limit), *map(str, dirs))
-    done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60, check=True)
-    return done.stdout.splitlines()
+    command = shell.command(_READ_SPECS, "gpunode-cdi-specs", MARKER, TOO_LARGE, str(limit), NOT_UTF8, *map(str, dirs))
+    done = subprocess.run(command, shell=True, capture_output=True, timeout=60, check=True)
+    return done.stdout.decode("utf-8").splitlines()  # strictly: pyinfra's connectors decode it so
+
+
+def test_a_spec_or_a_name_that_is_not_utf8_is_named_not_printed(tmp_path: Path) -> None:
+    """One Latin-1 byte in a spec (or its name) would cut the controller's read of the whole node short."""
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    (spec_dir / "latin1.yaml").write_bytes(b"cdiVersion: 0.5.0\nkind: example.com/x\n# caf\xe9\ndevices: []\n")
+    (spec_dir.joinpath("caf\udce9.yaml")).write_text("cdiVersion: 0.5.0\n", errors="surrogateescape")
+    (spec_dir / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: all\n")
+    specs = {spec["path"]: spec for spec in CdiSpecs().process(read_specs(spec_dir))}
+    assert specs[f"{spec_dir}/latin1.yaml"]["error"] == (
+        f"{spec_dir}/latin1.yaml is refused unread: it is not UTF-8 (CDI specs are UTF-8 YAML or JSON)"
+    )
+    assert specs[f"{spec_dir}/caf.yaml"]["error"] is not None  # the name less the byte that is not UTF-8
+    assert specs[f"{spec_dir}/nvidia.yaml"]["devices"] == ["all"]
+
+
+def test_a_nodes_specs_are_parsed_within_its_budget() -> None:
+    body = ["cdiVersion: 0.5.0", "kind: nvidia.com/gpu", "devices:", "- name: all", ""]
+    printed = [(f"/etc/cdi/spec{index}.yaml", 1, body) for index in range(5)]
+    specs = parse_printed(printed, NodeBudget(max_specs=3))
+    assert [spec["error"] for spec in specs[:3]] == [None] * 3
+    assert specs[3]["error"] == (
+        "/etc/cdi/spec3.yaml is refused unparsed: this node's CDI specs come to more than 3 specs, "
+        "the most one node is read for"
+    )
+    size = sum(len(line) + 1 for line in body)
+    assert [spec["error"] is None for spec in parse_printed(printed, NodeBudget(max_bytes=2 * size))] == [
+        True, True, False, False, False,
+    ]  # fmt: skip
+    assert all(
+        "more than 0 s of parsing" in str(spec["error"]) for spec in parse_printed(printed, NodeBudget(max_seconds=0))
+    )
 
 
 def test_a_spec_over_the_limit_is_not_read_from_the_node(tmp_path: Path) -> None:
