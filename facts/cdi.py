@@ -226,7 +226,9 @@ class CdiSpecs(FactBase[list[CdiSpec]]):
     ``error`` naming the file when it does not parse as a CDI spec. Parsing is bounded
     (``YamlLimits``: 4 MiB, collections 64 deep, 100 aliases, a million nodes with aliases
     expanded, 10 seconds); a spec beyond a limit is an ``error`` naming the file and the limit,
-    and a file over 4 MiB is not read from the node at all.
+    and a file over 4 MiB is not read from the node at all, nor one that is not UTF-8 (named so).
+    All of a node's specs together are parsed within ``NodeBudget`` (64 specs, 16 MiB, 10 seconds):
+    past it, the rest are errors naming the budget.
 
     + dirs: further spec directories to read (containerd's ``cdi_spec_dirs``)
 
