@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyinfra_gpunode.log import CONTROL, without_controls
+from pyinfra_gpunode.needrestart import check_services
 from pyinfra_gpunode.settings import (
     GROUPS,
     RUN_WIDE_KEYS,
@@ -25,6 +26,7 @@ from pyinfra_gpunode.settings import (
     keys_of,
     to_values,
 )
+from pyinfra_gpunode.unattended import check_blacklist
 
 PREFIX = "gpunode_"
 MAX_RESTART_TIMEOUT = 3600
@@ -47,6 +49,21 @@ def batch_value_problem(value: Any) -> str | None:
 
 def _is_str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _passes(check: Callable[[Sequence[str]], None]) -> Callable[[Any], bool]:
+    """A key's check: a list of strings that ``check`` (which raises ``ValueError``) takes."""
+
+    def passes(value: Any) -> bool:
+        if not _is_str_list(value):
+            return False
+        try:
+            check(value)
+        except ValueError:
+            return False
+        return True
+
+    return passes
 
 
 @dataclass(frozen=True)
@@ -336,15 +353,15 @@ KEYS: dict[str, Key] = {
         ),
         Key(
             "gpunode_unattended_blacklist",
-            "list[str]",
+            "list[str] of package-name prefixes (lower case, like 'nvidia-')",
             "package-name prefixes unattended-upgrades must skip in `blacklist` mode",
-            _is_str_list,
+            _passes(check_blacklist),
         ),
         Key(
             "gpunode_needrestart_keep",
-            "list[str]",
+            "list[str] of unit names without '.service' (like 'containerd')",
             "services needrestart never restarts on its own (`nvidia-*` always added; list-only mode)",
-            _is_str_list,
+            _passes(check_services),
         ),
         Key(
             "gpunode_toolkit_source",

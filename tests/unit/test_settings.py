@@ -149,6 +149,17 @@ def test_operations_and_plans_take_their_defaults_from_settings() -> None:
             {"gpunode_containerd_mode": "nri", "gpunode_nvidia_default_runtime": True},
             "host-data key 'gpunode_nvidia_default_runtime' must be false",
         ),
+        # Both passed the type check and then failed every node's step that renders them.
+        (
+            {"gpunode_needrestart_keep": ["containerd.service"]},
+            "host-data key 'gpunode_needrestart_keep' must be list[str] of unit names without '.service' "
+            "(like 'containerd'), got ['containerd.service']",
+        ),
+        (
+            {"gpunode_unattended_blacklist": ["NVIDIA-"]},
+            "host-data key 'gpunode_unattended_blacklist' must be list[str] of package-name prefixes "
+            "(lower case, like 'nvidia-'), got ['NVIDIA-']",
+        ),
     ],
 )
 def test_a_bad_value_is_refused_as_validate_refuses_it(data: dict[str, Any], message: str) -> None:
