@@ -2,7 +2,8 @@
 
 A value is a credential when a key on its path is named like one (``is_secret_name``): every
 value under it, in any TOML form (tables, inline tables, dotted keys, arrays, multi-line
-strings), is shown as ``<redacted>``.
+strings), is shown as ``<redacted>``; so is the password of a URL in any string
+(``https://user:<redacted>@mirror.example``).
 """
 
 from __future__ import annotations
@@ -42,15 +43,27 @@ def is_secret(key: str) -> bool:
     return any(is_secret_name(part.strip("\"'")) for part in key.split("."))
 
 
+# The password of a URL's user information (``https://user:password@mirror.example``), wherever a URL stands.
+_USERINFO = re.compile(r"(?P<start>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
+
+
+def without_url_passwords(text: str) -> str:
+    """``text`` with the password of every URL in it shown as ``<redacted>`` (the user name stays)."""
+    return _USERINFO.sub(lambda match: f"{match.group('start')}:{REDACTED}@", text)
+
+
 def redacted_value(value: Any, secret: bool = False) -> Any:
     """``value`` (parsed TOML: dicts, lists, scalars) with every credential replaced by ``<redacted>``:
-    every leaf under a key named like one; a table's keys stay, an array goes whole."""
+    every leaf under a key named like one, and a URL's password in any string; a table's keys stay, an array
+    goes whole."""
     if isinstance(value, dict):
         return {key: redacted_value(item, secret or is_secret_name(key)) for key, item in value.items()}
     if secret:
         return REDACTED
     if isinstance(value, list):
         return [redacted_value(item) for item in value]
+    if isinstance(value, str):
+        return without_url_passwords(value)
     return value
 
 
@@ -74,14 +87,18 @@ def _redact_container(container: Any, secret: bool) -> None:
             container[key] = REDACTED
         elif isinstance(item, Array):
             _redact_array(item)
+        elif isinstance(item, str) and without_url_passwords(item) != item:
+            container[key] = without_url_passwords(item)
 
 
 def _redact_array(array: Array) -> None:
-    for item in array:
+    for index, item in enumerate(array):
         if isinstance(item, InlineTable):
             _redact_container(item, False)
         elif isinstance(item, Array):
             _redact_array(item)
+        elif isinstance(item, str) and without_url_passwords(item) != item:
+            array[index] = without_url_passwords(item)
 
 
 def redacted(text: str) -> str:

@@ -117,3 +117,24 @@ def test_text_that_is_not_toml_is_not_shown() -> None:
 def test_layout_kept_where_it_renders_the_same_values() -> None:
     text = version_and_comment = '# site registry\nversion = 2\n[a.auth]\n  password = "p"  # rotated monthly\n'
     assert redacted(text) == version_and_comment.replace('"p"', '"<redacted>"')
+
+
+def test_a_urls_password_is_redacted_wherever_the_url_stands() -> None:
+    text = (
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]\n'
+        '  endpoint = ["https://puller:s3cr3t-pw@mirror.example:5000", "https://open.example"]\n'
+        '[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d"\n'
+        'proxy = "http://u:p@proxy.example:3128/"\n'
+    )
+    shown_text = redacted(text)
+    assert "s3cr3t-pw" not in shown_text and ":p@" not in shown_text
+    assert "https://puller:<redacted>@mirror.example:5000" in shown_text and "https://open.example" in shown_text
+    assert 'proxy = "http://u:<redacted>@proxy.example:3128/"' in shown_text
+    assert "# " not in shown_text.splitlines()[0]  # the layout kept, not rendered afresh
+    assert (
+        shown("registry.mirrors.docker.io.endpoint", ["https://a:b@m.example"]) == "['https://a:<redacted>@m.example']"
+    )
+    assert (
+        shown("x", "user@host.example and https://host.example/a:b@c")
+        == "'user@host.example and https://host.example/a:b@c'"
+    )
