@@ -150,23 +150,28 @@ def intended(table: Mapping[str, Any]) -> dict[str, Any]:
 
 def unshown(dump: Mapping[str, Any], table: Mapping[str, Any], path: str) -> list[str]:
     """Each key of the drop-in (``table``) that the merged config (``dump``) does not show with its value:
-    a later file overrides it, or containerd did not read the drop-in."""
+    a later file overrides it, or containerd did not read the drop-in. Keys are followed as tables nest, so a
+    runtime named with a dot (``nvidia.cdi``) is one key."""
     missing = []
-    for dotted, value in flatten(dict(table.get("plugins", {}))).items():
+    for keys, value in _leaves(dict(table.get("plugins", {}))):
         node: Any = dump.get("plugins", {})
-        for part in _split(dotted):
+        for part in keys:
             node = node.get(part) if isinstance(node, dict) else None
         if node != value:
+            dotted = ".".join([keys[0], *(f'"{part}"' if "." in part else part for part in keys[1:])])
             missing.append(f"{dotted} = {value!r} from {path} (the merged config has {node!r})")
     return missing
 
 
-def _split(dotted: str) -> list[str]:
-    """A dotted key of ``flatten`` split back, with the plugin's own dotted name kept whole."""
-    for plugin in (CRI_V3_RUNTIME, NRI):
-        if dotted.startswith(plugin + "."):
-            return [plugin, *dotted[len(plugin) + 1 :].split(".")]
-    return dotted.split(".")
+def _leaves(table: Mapping[str, Any], above: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """Every leaf of ``table`` with the keys that lead to it."""
+    found: list[tuple[tuple[str, ...], Any]] = []
+    for key, value in table.items():
+        if isinstance(value, dict):
+            found += _leaves(value, (*above, key))
+        else:
+            found.append(((*above, key), value))
+    return found
 
 
 def asked_line(table: Mapping[str, Any]) -> str:

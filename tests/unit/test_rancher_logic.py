@@ -131,3 +131,16 @@ def test_keys_host_data_no_longer_asks_for_are_dropped_and_the_drop_in_emptied()
         f"empty {path} (host data asks nothing beyond RKE2's own runtime now), then restart rke2-agent.service"
     )
     assert rancher.applied_note(rke2(), {}).endswith(f"{path} sets nothing")
+
+
+def test_a_handler_named_with_a_dot_is_one_key_of_the_merged_config() -> None:
+    """``nvidia.cdi`` is a runtime name the host data takes: it was split at its dot and looked up as two
+    tables, and the drop-in refused as not shown though containerd merged it."""
+    table = {"version": 3, "plugins": {RUNTIME: {"containerd": {"runtimes": {"nvidia.cdi": {"runtime_type": "x"}}}}}}
+    shown = {"plugins": {RUNTIME: {"containerd": {"runtimes": {"nvidia.cdi": {"runtime_type": "x"}}}}}}
+    assert rancher.unshown(shown, table, "X") == []
+    shown["plugins"][RUNTIME]["containerd"]["runtimes"]["nvidia.cdi"]["runtime_type"] = "y"
+    assert rancher.unshown(shown, table, "X") == [
+        "io.containerd.cri.v1.runtime.containerd.runtimes.\"nvidia.cdi\".runtime_type = 'x' from X "
+        "(the merged config has 'y')"
+    ]
