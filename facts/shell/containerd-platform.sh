@@ -40,6 +40,8 @@ for s in /run/k3s/containerd/containerd.sock /run/k0s/containerd.sock; do
 done
 if [ -f /usr/bin/nodeadm ]; then echo "binary /usr/bin/nodeadm"; fi
 pgrep -x containerd 2>/dev/null | while read -r p; do
+    # A short-lived `containerd config dump|default|migrate` (another run's read, an operator's) is no daemon.
+    case " $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)" in *" config "*) continue ;; esac
     unit=$(awk -F: '$3 != "/" && ($2 == "" || $2 == "name=systemd") {n = split($3, a, "/"); print a[n]; exit}' \
         "/proc/$p/cgroup" 2>/dev/null)
     printf 'process %s %s\n' "$p" "${unit:-none}"

@@ -16,6 +16,8 @@ for f in "$config" "$dropins"/*.toml; do
 done
 echo "${mark}processes"
 for p in $(pgrep -x containerd 2>/dev/null); do
+    # A short-lived `containerd config dump|default|migrate` (another run's read, an operator's) is no daemon.
+    case " $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)" in *" config "*) continue ;; esac
     echo "$p $(awk -F: '$3 != "/" && ($2 == "" || $2 == "name=systemd") {n = split($3, a, "/"); print a[n]; exit}' \
         "/proc/$p/cgroup" 2>/dev/null)"
 done

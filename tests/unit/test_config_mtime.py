@@ -62,3 +62,24 @@ def test_the_file_the_platform_generates_does_not_count(tmp_path: Path) -> None:
     os.utime(root, (1000, 1000))
     assert newest(root, root, tmp_path) == 9000
     assert newest(root, root, tmp_path, skip=str(generated)) == 1000
+
+
+def test_a_containerd_config_command_is_no_daemon_of_the_node(tmp_path: Path) -> None:
+    """A short-lived ``containerd config dump`` (another run's read) must not pass for a daemon outside the
+    unit, which would fail a turn with the wrong cause; a process named containerd without it still counts.
+    Real processes of that name (scripts: the kernel names the process after the file), found by pgrep."""
+    fake = tmp_path / "containerd"
+    fake.write_text("#!/bin/sh\nwhile :; do sleep 1; done\n")
+    fake.chmod(0o755)
+    dump = subprocess.Popen([str(fake), "--config", "/etc/containerd/config.toml", "config", "dump"])
+    daemon = subprocess.Popen([str(fake), "--config", "/etc/containerd/config.toml"])
+    try:
+        command = shell.command(containerd._SERVICE, "gpunode-containerd-service", "containerd", "", str(tmp_path))
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+        (line,) = [line for line in out.splitlines() if line.startswith("Processes=")]
+        pids = {entry.split(":")[0] for entry in line.removeprefix("Processes=").split()}
+        assert str(daemon.pid) in pids and str(dump.pid) not in pids, line
+    finally:
+        for process in (dump, daemon):
+            process.kill()
+            process.wait()
