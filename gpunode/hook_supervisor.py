@@ -25,6 +25,7 @@ from typing import Any
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 POLL = 0.05
+QUIET_SCANS = 3
 COMMAND_CHARS = 200
 REPORTED = 50  # processes named in the report; the rest are counted
 
@@ -70,11 +71,19 @@ def end_descendants(root: int, grace: float, reap: Any) -> list[dict[str, Any]]:
     ended: dict[int, dict[str, Any]] = {}
     deadline = time.monotonic() + grace
     give_up = deadline + 5 * grace + 5  # a process that forks faster than it is killed
+    quiet = 0
     while time.monotonic() < give_up:
         reap()
         alive = descendants(root, process_table())
         if not alive:
-            break
+            # A process that forked and exited while /proc was read is in no one scan (its child came after
+            # the listing, itself gone before its stat): only scans that find none in a row mean none is left.
+            quiet += 1
+            if quiet >= QUIET_SCANS:
+                break
+            time.sleep(POLL / 5)
+            continue
+        quiet = 0
         hard = time.monotonic() >= deadline
         for pid, command in alive.items():
             if pid in ended and not hard:

@@ -101,6 +101,31 @@ def test_a_timed_out_hook_is_ended_with_what_it_started_through_setsid(node: Hos
     assert not running(hook) and not running(child), "a process the hook started outlived it"
 
 
+def test_a_double_forked_child_of_a_hook_that_exited_is_ended(node: Host, pidfile: Path) -> None:
+    """The hook's child starts a ``setsid`` grandchild and exits, then the hook exits: the grandchild, whose
+    parents are gone, is the supervisor's own (a child subreaper) and ended; without it, init's and left."""
+    script = '( setsid sleep 20 & echo $! > "$1" ); exit 0'
+    failure, _took = run(node, ["sh", "-c", script, "hook", str(pidfile)], timeout=20)
+    (grandchild,) = pids(pidfile)
+    assert failure is None, failure
+    assert not running(grandchild), "the hook's double-forked grandchild outlived it"
+
+
+def test_a_helper_that_keeps_forking_and_exiting_is_ended(node: Host, pidfile: Path, tmp_path: Path) -> None:
+    """Each generation writes its pid, starts the next and exits: at any moment the one alive may be between
+    its fork and its exit. The supervisor goes on until none is left, and none is left after it."""
+    helper = tmp_path / "helper.sh"
+    helper.write_text('#!/bin/sh\necho $$ >> "$1"\nsleep 0.02\n"$0" "$1" &\n')
+    helper.chmod(0o755)
+    failure, _took = run(node, [str(helper), str(pidfile)], timeout=20)
+    assert failure is None, failure
+    time.sleep(0.5)
+    seen = pids(pidfile)
+    time.sleep(0.5)
+    assert pids(pidfile) == seen, "a generation of the helper outlived the supervisor and forked again"
+    assert not any(running(pid) for pid in seen)
+
+
 def test_a_hook_waiting_under_timeout_is_bounded_by_its_own_timeout(node: Host) -> None:
     """``timeout`` puts itself in a process group of its own: it is ended all the same."""
     failure, took = run(node, ["sh", "-c", "echo waiting; timeout 45 sleep 45"], timeout=1)
