@@ -287,13 +287,19 @@ def _plan_hooks(settings: NodeSettings, hostname: str) -> list[str]:
 
 
 def _hook_hostname(node: Host, settings: NodeSettings) -> tuple[str, str | None]:
-    """The node's hostname for its hooks, read only when a hook asks for ``{hostname}``, and why it is
-    refused (not a Kubernetes node name: it would reach the controller's commands), or ``None``."""
-    if any("hostname" in placeholders(arg) for arg in (*settings["before"], *settings["after"])):
-        hostname = str(node.get_fact(Hostname))
-        refused = node_name_problem(hostname)
-        return ("", refused) if refused else (hostname, None)
-    return "", None
+    """The node's hostname for its hooks (``{hostname}`` and ``GPUNODE_HOSTNAME``, which every hook gets),
+    read where the node has a hook, and why it is refused where a hook names ``{hostname}`` (not a Kubernetes
+    node name: it would reach the controller's commands), or ``None``. A name no hook asks for that is no
+    node name is left out of ``GPUNODE_HOSTNAME``."""
+    hooks = (*settings["before"], *settings["after"])
+    if not hooks:
+        return "", None
+    hostname = str(node.get_fact(Hostname))
+    refused = node_name_problem(hostname)
+    if refused is None:
+        return hostname, None
+    asked = any("hostname" in placeholders(arg) for arg in hooks)
+    return "", refused if asked else None  # no hook names it: GPUNODE_HOSTNAME stays empty, nothing is refused
 
 
 def _files_only(runtime: dict[str, Any]) -> Generator[Any, Any, None]:
@@ -592,7 +598,7 @@ def _turn(
             backup_cri_problem = found.current_cri_problem
             if backup:
                 containerd.config_backed_up(name="containerd: config backed up", path=backup)
-            if backup and hooked and not (mark and mark.backup):  # a resumed turn keeps the first backup
+            if backup and hooked:  # the mark names this run's backup: the node as it is now, before this write
                 turn_marked(
                     name="rollout: turn's backup marked on the node",
                     started=mark.started if mark else datetime.now(UTC).isoformat(),
@@ -601,7 +607,10 @@ def _turn(
                 )
             if not platform_turn:
                 written = containerd.nvidia_runtime(name="containerd: nvidia runtime registered", **settings["runtime"])
-            if mark and mark.backup:  # what the cut-off turn saved before it wrote is what a failure restores
+            if not backup and mark and mark.backup:
+                # Nothing to write: the files are as the cut-off turn wrote them, and what it saved before it wrote
+                # is what a failure restores. Where this run writes, the node changed since (a rollback, an edit):
+                # only this run's backup holds it as it is.
                 backup, backup_cri_problem = mark.backup, mark.backup_cri_problem
             elif not written.did_change():
                 backup = None

@@ -488,3 +488,24 @@ def test_mirrors_with_config_path_node_is_refused_before_its_turn(fleet: Fleet, 
         before
     )
     assert sh(fleet, "node2", "systemctl is-active containerd").strip() == "active"
+
+
+def test_a_resumed_turn_restores_the_node_as_it_is_not_an_earlier_backup(fleet: Fleet, tmp_path: Path) -> None:
+    """A failed turn is rolled back and keeps its mark; the operator then edits config.toml, and the earlier
+    run's backup is pruned. The next run's turn fails the same way: it restores its own backup, taken of the
+    node as it is, so the edit stays and containerd runs again (the earlier backup is neither used nor missed)."""
+    fleet.reset(["node2"])
+    sh(fleet, "node2", INJECT_FAILURE)
+    inventory = inventory_of(fleet, tmp_path, {"node2": {}})
+    first = deploy(fleet, "-y", inventory=inventory)
+    assert first.returncode != 0 and "containerd failed after the restart" in first.stdout, first.stdout
+    sh(fleet, "node2", "test -f /var/lib/pyinfra-gpunode/turn.json")  # the failed turn's mark, its backup named
+    sh(fleet, "node2", "echo '# edited by the operator after the failed run' >> /etc/containerd/config.toml")
+    sh(fleet, "node2", "rm -f /var/lib/pyinfra-gpunode/backup/containerd-*.tar")
+
+    second = deploy(fleet, "-y", inventory=inventory)
+    assert second.returncode != 0 and "containerd failed after the restart" in second.stdout, second.stdout
+    assert "could not unpack" not in second.stdout, second.stdout
+    assert sh(fleet, "node2", "systemctl is-active containerd").strip() == "active"
+    sh(fleet, "node2", "grep -qx '# edited by the operator after the failed run' /etc/containerd/config.toml")
+    sh(fleet, "node2", f"test ! -e {OUR_DROPIN}")

@@ -51,3 +51,40 @@ def test_planned_changes_reach_the_hook_as_printable_lines() -> None:
         "containerd: restart (a<U+000A>b) and verify",
     ]
     assert hook_argv(["kubectl", "drain", "{hostname}"], "n1", "gpu-a17") == ["kubectl", "drain", "gpu-a17"]
+
+
+class _Node:
+    """A node whose hostname fact answers ``name`` and counts the reads."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.reads = name, 0
+
+    def get_fact(self, _fact: object) -> str:
+        self.reads += 1
+        return self.name
+
+
+@pytest.mark.parametrize(
+    ("before", "name", "expected", "reads"),
+    [
+        ([], "gpu-b", ("", None), 0),  # no hook: nothing read
+        (["kubectl", "drain", "{node}"], "gpu-b", ("gpu-b", None), 1),  # GPUNODE_HOSTNAME set all the same
+        (["kubectl", "drain", "{hostname}"], "gpu-b", ("gpu-b", None), 1),
+        (["kubectl", "drain", "{node}"], "GPU-B", ("", None), 1),  # no hook names it: not refused, not given
+    ],
+)
+def test_every_hook_gets_the_hostname_where_it_is_a_node_name(
+    before: list[str], name: str, expected: tuple[str, None], reads: int
+) -> None:
+    from pyinfra_gpunode.operations.rollout import _hook_hostname
+
+    node = _Node(name)
+    assert _hook_hostname(node, {"before": before, "after": []}) == expected  # type: ignore[arg-type, typeddict-item]
+    assert node.reads == reads
+
+
+def test_a_hostname_a_hook_names_is_refused_where_it_is_no_node_name() -> None:
+    from pyinfra_gpunode.operations.rollout import _hook_hostname
+
+    hostname, refused = _hook_hostname(_Node("GPU-B"), {"before": [], "after": ["x", "{hostname}"]})  # type: ignore[arg-type, typeddict-item]
+    assert hostname == "" and refused is not None and "not a valid Kubernetes node name" in refused
