@@ -7,8 +7,9 @@
 #   --fast   only the tests that boot no test host: unit, fixture, real-binary and chroot tests
 # Without pytest arguments the suite runs as pytest processes side by side, each logging to a file that is
 # printed when all are done: one per shard of tests/conftest.py (the shared fleets' tests, the module
-# fleets' tests, and everything that boots no host, then the qemu host's), the other two taking the
-# module fleets' tests too when done with their own, a module at a time (tests/claims.py); with --fast,
+# fleets' tests, and everything that boots no host, then the qemu host's), each taking the others' tests
+# too when done with its own, a module at a time (tests/claims.py): the module fleets', then what boots no
+# host (from its last module back), then the qemu host's; with --fast,
 # two processes sharing the tests that boot no host a module at a time. With pytest arguments, as one
 # process.
 set -euo pipefail
@@ -45,8 +46,8 @@ set -m
 for run in "${runs[@]}"; do
     case "$run" in
         fast-*) selection=(--shard fast) ;;
-        modules) selection=(--shard modules) ;;
-        session) selection=(--shard "session,modules") ;;
+        modules) selection=(--shard "modules,fast,vm") ;;
+        session) selection=(--shard "session,modules,fast,vm") ;;
         fast) selection=(--shard "fast,vm,modules") ;;
     esac
     .venv/bin/pytest "${selection[@]}" --claim-modules="$logs/claims" -p no:cacheprovider --basetemp "$logs/$run" --durations=25 \

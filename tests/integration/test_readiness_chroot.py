@@ -157,6 +157,14 @@ def roots(trixie_root: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
         yield copies
 
 
+@pytest.fixture
+def two_roots(trixie_root: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
+    """A ready node and one without a device plugin socket, as ``roots`` plants them."""
+    plants = {name: NODES[name][0] for name in ("ready", "plugin")}
+    with planted_copies(trixie_root, tmp_path, plants) as copies:
+        yield copies
+
+
 def readiness(roots: dict[str, Path], report: Path, *args: str) -> subprocess.CompletedProcess[str]:
     inventory = ",".join(f"@chroot/{root}" for root in roots.values())
     return readiness_of(inventory, report, *args)
@@ -238,12 +246,12 @@ def test_each_planted_broken_link_is_named_with_its_cause_and_nothing_changes(
     assert failure["node"] == f"@chroot/{gone}" and failure["state"] == "unreadable"
 
 
-def test_a_run_that_dies_replaces_the_last_report_with_its_own(roots: dict[str, Path], tmp_path: Path) -> None:
+def test_a_run_that_dies_replaces_the_last_report_with_its_own(two_roots: dict[str, Path], tmp_path: Path) -> None:
     """The controller dies after its deploy began (here: the deploy file raises for the second node): the
     previous report does not stay to be read as current; the run's own is written, not complete, and the
     status says so."""
     report = tmp_path / "report.json"
-    ready, other = roots["ready"], roots["plugin"]
+    ready, other = two_roots["ready"], two_roots["plugin"]
     readiness_of(f"@chroot/{ready}", report, "-y")
     assert report_status(report) == 0
     previous = json.loads(report.read_text())["run"]["id"]
@@ -269,10 +277,10 @@ HUNG_SMI = "#!/bin/sh\nexec sleep 600\n"
 HUNG_NVML = "import time\n\n\nclass NVMLError(Exception):\n    pass\n\n\ndef nvmlInit():\n    time.sleep(600)\n"
 
 
-def test_a_wedged_gpu_is_named_and_the_other_node_is_reported(roots: dict[str, Path], tmp_path: Path) -> None:
+def test_a_wedged_gpu_is_named_and_the_other_node_is_reported(two_roots: dict[str, Path], tmp_path: Path) -> None:
     """nvidia-smi and NVML that never answer (stand-ins: a wedged GPU hangs them in the kernel): each is left
     behind after its time, the node is named wedged, and the run, the other node's report among it, ends."""
-    ready, wedged = roots["ready"], roots["plugin"]
+    ready, wedged = two_roots["ready"], two_roots["plugin"]
     write(wedged, "/usr/local/bin/nvidia-smi", HUNG_SMI, mode=0o755)
     site = subprocess.run(
         ["chroot", str(wedged), "python3", "-c", "import site; print(site.getsitepackages()[0])"],
