@@ -25,7 +25,6 @@ from typing import Any
 from pyinfra_gpunode.readiness import NOT_READY, READY, SCHEMA, UNREADABLE
 
 NOT_TRUSTED = 3
-NOT_A_REPORT = NOT_TRUSTED  # the name before schema 2
 MAX_BYTES = 64 << 20
 _AGE = re.compile(r"^([0-9]+)([smhd]?)$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

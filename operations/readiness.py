@@ -152,19 +152,20 @@ def _write_json(run: State, reports: dict[str, Report], json_path: str, complete
     ordered = [reports[name] for name in targets if name in reports]
     document = fleet_json(ordered, _unread(run, reports), info)
     target = Path(json_path)
+    temp = None
     try:
-        with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", delete=False) as out:
+        handle, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        with os.fdopen(handle, "w") as out:
             out.write(json.dumps(document, indent=2) + "\n")
-        os.chmod(out.name, 0o644)
-        os.replace(out.name, target)
+        os.chmod(temp, 0o644)
+        os.replace(temp, target)
     except OSError as error:  # raising here would abort the run for every node
+        if temp is not None:
+            Path(temp).unlink(missing_ok=True)
         logger.error("--> Readiness report not written to %s: %s", json_path, error)
-        if "out" in locals():
-            Path(out.name).unlink(missing_ok=True)
-    else:
-        logger.info(
-            "--> Readiness report written to %s%s", json_path, "" if complete else " (the run did not read every node)"
-        )
+        return
+    cut = "" if complete else " (the run did not read every node)"
+    logger.info("--> Readiness report written to %s%s", json_path, cut)
 
 
 def _print_when_complete(run: State, reports: dict[str, Report], json_path: str | None) -> None:
@@ -173,12 +174,7 @@ def _print_when_complete(run: State, reports: dict[str, Report], json_path: str 
         return
     run_state(run).readiness_printed = True
     ordered = [reports[name] for name in order]
-    unreadable = {
-        node.name: "the node failed before its readiness was read (connection or command failed)"
-        for node in run.inventory
-        if node in run.failed_hosts and node.name not in reports
-    }
-    unread = "".join(f"\n  unreadable: {name}" for name in unreadable)
+    unread = "".join(f"\n  unreadable: {name}" for name in _unread(run, reports))
     text = "\n".join(node_text(report) for report in ordered)
     logger.info("--> Readiness\n%s\n%s%s", text, fleet_text(ordered), unread)
     if json_path:
