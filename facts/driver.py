@@ -20,6 +20,7 @@ from pyinfra_gpunode.facts.fabric_manager import (
 )
 from pyinfra_gpunode.facts.gpus import PCI_COMMAND, NvidiaGpus, PciInfo, parse_pci
 from pyinfra_gpunode.facts.kernel import SECURE_BOOT_COMMAND, parse_secure_boot
+from pyinfra_gpunode.gpu_queries import SMI_SECONDS
 from pyinfra_gpunode.sections import MARK, PackageStatus, dpkg_query, marker, parse_dpkg_status, split_sections
 
 
@@ -56,7 +57,6 @@ class NvidiaHostStateInfo(TypedDict):
 _SHELL = Path(__file__).parent / "shell"
 # Print the loaded module's version, the userspace library, its package and nvidia-smi's status
 # (shell/nvidia-driver.sh).
-SMI_SECONDS = 10  # nvidia-smi answers in well under a second on a sound GPU; a wedged one may never answer
 DRIVER_COMMAND = shell.command(
     shell.script(_SHELL / "nvidia-driver.sh"), "gpunode-nvidia-driver", MARK, str(SMI_SECONDS)
 )

@@ -11,6 +11,7 @@ from pyinfra.api.exceptions import FactProcessError
 from typing_extensions import override
 
 from pyinfra_gpunode import shell
+from pyinfra_gpunode.gpu_queries import NVML_SECONDS
 
 
 class NvmlDevice(TypedDict):
@@ -75,7 +76,6 @@ print(json.dumps(out))
 """
 
 
-NVML_SECONDS = 20  # nvmlInit and the queries take a second or two on an 8-GPU node; a wedged GPU may never answer
 # NVML asked through the snippet where the node has an NVIDIA PCI device and python3, bounded in time
 # (shell/nvml.sh): ``{"error": "Timeout", ...}`` where it does not answer.
 NVML_COMMAND = shell.command(

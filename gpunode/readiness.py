@@ -23,6 +23,7 @@ from pyinfra_gpunode.containerd_files import ConfigFile
 from pyinfra_gpunode.containerd_losses import lost_settings
 from pyinfra_gpunode.containerd_support import support_warning
 from pyinfra_gpunode.driver_versions import same_driver, upstream_version
+from pyinfra_gpunode.gpu_queries import NVML_SECONDS, SMI_SECONDS
 from pyinfra_gpunode.log import without_controls
 from pyinfra_gpunode.operator import (
     DRIVER_ROOT,
@@ -196,8 +197,8 @@ def _userspace(facts: NodeReadinessInfo) -> Link:
     if wedged:
         return make(
             BROKEN, f"module {module}: {' and '.join(wedged)} did not answer",
-            cause=f"{' and '.join(wedged)} did not answer in time (nvidia-smi 10 s, NVML 20 s) with module "
-            f"{module} loaded: a GPU or the driver is wedged (the query is left behind on the node)",
+            cause=f"{' and '.join(wedged)} did not answer in time (nvidia-smi {SMI_SECONDS} s, NVML {NVML_SECONDS} s) "
+            f"with module {module} loaded: a GPU or the driver is wedged (the query is left behind on the node)",
             fix="drain the node; read `dmesg | grep -i -e nvrm -e xid`; reset the GPU (`nvidia-smi -r`) or reboot",
         )  # fmt: skip
     if error:
