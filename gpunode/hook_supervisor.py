@@ -25,7 +25,6 @@ from typing import Any
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 POLL = 0.05
-QUIET_SCANS = 3
 COMMAND_CHARS = 200
 REPORTED = 50  # processes named in the report; the rest are counted
 
@@ -65,25 +64,33 @@ def descendants(root: int, table: dict[int, tuple[int, str]]) -> dict[int, str]:
     return found
 
 
-def end_descendants(root: int, grace: float, reap: Any) -> list[dict[str, Any]]:
-    """SIGTERM every process under ``root``, SIGKILL what is left after ``grace`` seconds;
-    ``reap()`` collects ended children between passes. Returns what was ended, by pid."""
+def has_children() -> bool:
+    """Whether this process has a child, alive or not yet reaped (the kernel's own answer, atomic: a child
+    subreaper with none has no descendant left); none is reaped."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def end_descendants(grace: float, reap: Any) -> list[dict[str, Any]]:
+    """SIGTERM every process under this one (a child subreaper), SIGKILL what is left after ``grace``
+    seconds; ``reap()`` collects ended children between passes. Returns what was ended, by pid. A scan of
+    /proc can miss a process that forked and exited while it was read (its child came after the listing,
+    itself gone before its stat), so the end is the kernel's word: no child left."""
+    root = os.getpid()
     ended: dict[int, dict[str, Any]] = {}
     deadline = time.monotonic() + grace
     give_up = deadline + 5 * grace + 5  # a process that forks faster than it is killed
-    quiet = 0
     while time.monotonic() < give_up:
         reap()
         alive = descendants(root, process_table())
         if not alive:
-            # A process that forked and exited while /proc was read is in no one scan (its child came after
-            # the listing, itself gone before its stat): only scans that find none in a row mean none is left.
-            quiet += 1
-            if quiet >= QUIET_SCANS:
+            if not has_children():
                 break
-            time.sleep(POLL / 5)
+            time.sleep(POLL / 5)  # a child the scan missed: the next finds it
             continue
-        quiet = 0
         hard = time.monotonic() >= deadline
         for pid, command in alive.items():
             if pid in ended and not hard:
@@ -149,7 +156,7 @@ def supervise(argv: list[str], timeout: float, grace: float, parent: int) -> dic
         if ended:
             break
         time.sleep(POLL)
-    killed = end_descendants(os.getpid(), grace, reap)
+    killed = end_descendants(grace, reap)
     return {
         "exit": status.get("exit"),
         "ended": ended,
