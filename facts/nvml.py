@@ -78,9 +78,8 @@ print(json.dumps(out))
 
 # NVML asked through the snippet where the node has an NVIDIA PCI device and python3, bounded in time
 # (shell/nvml.sh): ``{"error": "Timeout", ...}`` where it does not answer.
-NVML_COMMAND = shell.command(
-    shell.script(Path(__file__).parent / "shell" / "nvml.sh"), "gpunode-nvml", str(NVML_SECONDS), NVML_SNIPPET
-)
+NVML_PROGRAM = Path(__file__).parent / "shell" / "nvml.sh"
+NVML_COMMAND = shell.command(shell.script(NVML_PROGRAM), "gpunode-nvml", str(NVML_SECONDS), NVML_SNIPPET)
 
 
 class NvmlInfo(FactBase[NvmlInfoDict | None]):

@@ -12,12 +12,17 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pynvml
 import pytest
 
+from pyinfra_gpunode import shell
+from pyinfra_gpunode.facts import nvml as nvml_fact
+from pyinfra_gpunode.facts.nvml import NvmlInfo
+from pyinfra_gpunode.gpu_queries import NVML_SECONDS, SMI_SECONDS
 from tests import cli
 from tests.fleet.roots import planted_copies
 from tests.integration.gpu_state import (
@@ -278,15 +283,10 @@ HUNG_NVML = "import time\n\n\nclass NVMLError(Exception):\n    pass\n\n\ndef nvm
 
 
 def test_a_wedged_gpu_is_named_and_the_other_node_is_reported(two_roots: dict[str, Path], tmp_path: Path) -> None:
-    """nvidia-smi and NVML that never answer (stand-ins: a wedged GPU hangs them in the kernel): each is left
-    behind after its time, the node is named wedged, and the run, the other node's report among it, ends."""
+    """nvidia-smi that never answers (a stand-in: a wedged GPU hangs it in the kernel) is left behind after its
+    time, the node is named wedged, and the run, the other node's report among it, ends."""
     ready, wedged = two_roots["ready"], two_roots["plugin"]
     write(wedged, "/usr/local/bin/nvidia-smi", HUNG_SMI, mode=0o755)
-    site = subprocess.run(
-        ["chroot", str(wedged), "python3", "-c", "import site; print(site.getsitepackages()[0])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    write(wedged, f"{site}/pynvml.py", HUNG_NVML)
     report = tmp_path / "wedged.json"
     data = [f"gpunode_readiness_json={report}", f"gpunode_nvidia_runtime_binary={RUNTIME}"]
     run = cli.pyinfra(
@@ -298,6 +298,22 @@ def test_a_wedged_gpu_is_named_and_the_other_node_is_reported(two_roots: dict[st
     found = nodes[f"@chroot/{wedged}"]
     assert found["first_broken"] == "nvml", json.dumps(found, indent=2)
     assert found["cause"].startswith(
-        f"NVML and nvidia-smi did not answer in time (nvidia-smi 10 s, NVML 20 s) with module {DRIVER}"
+        f"nvidia-smi did not answer in time (nvidia-smi {SMI_SECONDS} s, NVML {NVML_SECONDS} s) with module {DRIVER}"
     )
     assert report_status(report) == 1
+
+
+def test_nvml_that_never_answers_is_left_behind_as_a_timeout(two_roots: dict[str, Path]) -> None:
+    """The fact's own program in a GPU node's root, its limit made one second: a pynvml whose init never
+    returns (a wedged GPU's NVML) gives the Timeout answer, the query killed."""
+    root = two_roots["plugin"]
+    site = subprocess.run(
+        ["chroot", str(root), "python3", "-c", "import site; print(site.getsitepackages()[0])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    write(root, f"{site}/pynvml.py", HUNG_NVML)
+    program = shell.command(shell.script(nvml_fact.NVML_PROGRAM), "gpunode-nvml", "1", nvml_fact.NVML_SNIPPET)
+    started = time.monotonic()
+    done = subprocess.run(["chroot", str(root), "sh", "-c", program], capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - started < 10
+    assert NvmlInfo().process(done.stdout.splitlines())["error"] == "Timeout", done.stdout
