@@ -129,7 +129,7 @@ def nri_losses(after: dict[str, Any], expected_on: bool | None, user_set: dict[s
     return losses
 
 
-def _normal(key: str, value: Any) -> Any:
+def normal_value(key: str, value: Any) -> Any:
     """A runtime's empty ``runtime_type``/``sandbox_mode`` as the default containerd fills in."""
     if key.startswith("containerd.runtimes.") and value == "":
         return FILLED_IN.get(key.rpartition(".")[2], value)
@@ -193,13 +193,13 @@ def candidate_losses(
     for key in sorted(set(old) | set(new)):
         rest = key.partition(":")[2]
         was, now = old.get(key, _UNSET), new.get(key, _UNSET)
-        if was is not _UNSET and _normal(rest, was) == _normal(rest, now):
+        if was is not _UNSET and normal_value(rest, was) == normal_value(rest, now):
             continue
         if rest in dropped or rest.startswith(tuple(removed)):
             continue
         if rest in user_set:
             path, value = user_set[rest]
-            if _normal(rest, now) != _normal(rest, value):
+            if normal_value(rest, now) != normal_value(rest, value):
                 shown_now = "<unset>" if now is _UNSET else shown(rest, now)
                 losses.append(f"{key} is set to {shown(rest, value)} in {path}; the candidate makes it {shown_now}")
             continue
@@ -207,7 +207,7 @@ def candidate_losses(
             continue  # a key that appears: our own, or a default of something our files add
         if now is _UNSET and was in ("", False, 0, [], None):
             continue  # an unset key is Go's zero value
-        if rest in intended and _normal(rest, intended[rest]) == _normal(rest, now):
+        if rest in intended and normal_value(rest, intended[rest]) == normal_value(rest, now):
             continue
         shown_now = "<unset>" if now is _UNSET else shown(rest, now)
         losses.append(f"{key} would change from {shown(rest, was)} to {shown_now}")

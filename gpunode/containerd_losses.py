@@ -10,39 +10,28 @@ value is named, with the file and both values.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, FILLED_IN, flatten
-from pyinfra_gpunode.containerd_dump import cri_tables
+from pyinfra_gpunode.containerd_dropin import CRI_V2, CRI_V3_IMAGES, CRI_V3_RUNTIME, flatten
+from pyinfra_gpunode.containerd_dump import cri_tables, normal_value
 from pyinfra_gpunode.containerd_files import ConfigFile, parsed
+from pyinfra_gpunode.go_duration import parsed_duration
 from pyinfra_gpunode.redaction import shown
 
-# A Go duration ("4h", "1h30m", "500ms"), which containerd prints in its own form ("4h0m0s").
-_DURATION = re.compile(r"^(?:[0-9]+(?:\.[0-9]+)?(?:ns|us|µs|ms|s|m|h))+$")
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")
 # Keys containerd 2.x moves on migration, a file's value then found in another key of the dump:
 # cni.bin_dir becomes an entry of cni.bin_dirs (the dump keeps bin_dir = '').
 _MOVED = {"cni.bin_dir": "cni.bin_dirs"}
 
 
-def _seconds(value: str) -> float:
-    return sum(float(number) * _UNITS[unit] for number, unit in _PART.findall(value))
-
-
 def _same(key: str, written: Any, merged: Any) -> bool:
-    if written == merged:
+    """Whether the dump's value is the file's as containerd reads it: an empty runtime_type/sandbox_mode is
+    what it fills in, and a duration is printed in Go's own form ("4h" as "4h0m0s")."""
+    if normal_value(key, written) == normal_value(key, merged):
         return True
-    leaf = key.rpartition(".")[2]
-    if key.startswith("containerd.runtimes.") and written == "" and merged == FILLED_IN.get(leaf):
-        return True  # an empty runtime_type/sandbox_mode is what containerd fills in
-    strings = isinstance(written, str) and isinstance(merged, str)
-    return (
-        strings
-        and bool(_DURATION.match(written) and _DURATION.match(merged))
-        and (_seconds(written) == _seconds(merged))
-    )
+    if not (isinstance(written, str) and isinstance(merged, str)):
+        return False
+    read = parsed_duration(written)[0]
+    return read is not None and read == parsed_duration(merged)[0]
 
 
 def _written(files: list[ConfigFile]) -> dict[str, tuple[str, Any]]:

@@ -28,6 +28,7 @@ from pyinfra_gpunode.containerd_files import (
     missing_import_text,
     parsed,
 )
+from pyinfra_gpunode.go_duration import parsed_duration
 from pyinfra_gpunode.versions import ContainerdVersionInfo
 
 CRI_PLUGINS = (CRI_V2, CRI_V3_RUNTIME, CRI_V3_IMAGES)
@@ -100,83 +101,6 @@ def _holds(rule: str, version: ContainerdVersionInfo | None) -> bool:
 def _says(rule: str, *values: str) -> str:
     """containerd's error text of ``rule`` (``values`` where it quotes them), quoted for a message."""
     return f'("{START_RULES[rule].error.format(*values)}")'
-
-
-_DURATION_UNITS = {
-    b"ns": 1,
-    b"us": 10**3,
-    "\u00b5s".encode(): 10**3,
-    "\u03bcs".encode(): 10**3,
-    b"ms": 10**6,
-    b"s": 10**9,
-    b"m": 60 * 10**9,
-    b"h": 3600 * 10**9,
-}
-_DIGITS = b"0123456789"
-
-
-def _go_quote(text: bytes) -> str:
-    """Go's ``time`` package quoting of a value in its errors: bytes outside printable ASCII as ``\\xNN``."""
-    out = ""
-    for byte in text:
-        if byte >= 0x80 or byte < 0x20:
-            out += f"\\x{byte:02x}"
-        else:
-            out += ("\\" if byte in b'"\\' else "") + chr(byte)
-    return f'"{out}"'
-
-
-def go_duration_error(text: str) -> str | None:
-    """The error Go's ``time.ParseDuration`` gives for ``text`` (what containerd checks a duration key
-    with), or ``None`` where it parses: a port of the Go function, overflow included."""
-    raw, limit = text.encode(), 1 << 63
-    invalid = f"time: invalid duration {_go_quote(raw)}"
-    rest, negative = raw, raw[:1] == b"-"
-    if raw[:1] in (b"-", b"+"):
-        rest = raw[1:]
-    if rest == b"0":
-        return None
-    if not rest:
-        return invalid
-    total = 0
-    while rest:
-        if rest[0] not in _DIGITS and rest[:1] != b".":
-            return invalid
-        whole, count = 0, len(rest) - len(rest.lstrip(_DIGITS))
-        for digit in rest[:count]:
-            whole = whole * 10 + digit - 48
-            if whole > limit:
-                return invalid
-        rest, fraction, scale, after = rest[count:], 0, 1.0, 0
-        if rest[:1] == b".":
-            after = len(rest[1:]) - len(rest[1:].lstrip(_DIGITS))
-            for digit in rest[1 : 1 + after]:
-                if fraction > (limit - 1) // 10 or fraction * 10 + digit - 48 > limit:
-                    break  # Go keeps the digits before an overflow, and skips the rest
-                fraction, scale = fraction * 10 + digit - 48, scale * 10
-            rest = rest[1 + after :]
-        if not count and not after:
-            return invalid
-        unit_end = 0
-        while unit_end < len(rest) and rest[unit_end] not in _DIGITS + b".":
-            unit_end += 1
-        if not unit_end:
-            return f"time: missing unit in duration {_go_quote(raw)}"
-        unit = _DURATION_UNITS.get(rest[:unit_end])
-        if unit is None:
-            return f"time: unknown unit {_go_quote(rest[:unit_end])} in duration {_go_quote(raw)}"
-        rest = rest[unit_end:]
-        if whole > limit // unit:
-            return invalid
-        whole *= unit
-        if fraction:
-            whole += int(float(fraction) * (float(unit) / scale))
-            if whole > limit:
-                return invalid
-        total += whole
-        if total > limit:
-            return invalid
-    return None if negative or total < limit else invalid
 
 
 def _tables(dump: dict[str, Any]) -> tuple[str, dict[str, Any], str, dict[str, Any]]:
@@ -299,7 +223,7 @@ def _stream_idle_timeout(
 ) -> list[Finding]:
     """The CRI gRPC plugin's own ``stream_idle_timeout`` (its server config on 2.x, under the same name)."""
     value = (dump.get("plugins", {}).get(CRI_V2) or {}).get("stream_idle_timeout")
-    error = go_duration_error(value) if isinstance(value, str) and value else None
+    error = parsed_duration(value)[1] if isinstance(value, str) and value else None
     if error is None or not _holds("stream_idle_timeout", version):
         return []
     where = _where(_setters(dump, files, ("stream_idle_timeout",)), "a file")

@@ -6,7 +6,8 @@ from typing import Any
 
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
 from pyinfra_gpunode.containerd_files import load_order, missing_imports, resolve_tree
-from pyinfra_gpunode.cri_rules import START_RULES, cri_start_findings, go_duration_error, import_findings, stopping
+from pyinfra_gpunode.cri_rules import START_RULES, cri_start_findings, import_findings, stopping
+from pyinfra_gpunode.go_duration import parsed_duration
 from pyinfra_gpunode.versions import ContainerdVersionInfo
 
 MAIN = "/etc/containerd/config.toml"
@@ -271,6 +272,10 @@ def test_stream_idle_timeout_that_is_no_duration_is_refused_on_1x_and_2x() -> No
     assert '("invalid stream idle timeout: time: missing unit in duration "5"")' in message
     for good in ("4h0m0s", "0", "", "1.5h", "-1m"):
         assert messages(dump1({"stream_idle_timeout": good})) == [], good
+
+
+def go_duration_error(text: str) -> str | None:
+    return parsed_duration(text)[1]
 
 
 def test_go_duration_errors_are_go_s_own() -> None:
