@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import date
 
+from pyinfra_gpunode.log import printable
 from pyinfra_gpunode.versions import ContainerdVersionInfo
 
 SOURCE = "containerd RELEASES.md (main at 301026e5, 2026-08-22)"
@@ -27,7 +28,7 @@ OLDEST = min(END_OF_SUPPORT)
 
 def support_warning(version: ContainerdVersionInfo | None, today: date) -> str | None:
     """A warning where ``version``'s line is past its end of support on ``today``, else ``None`` (also for a
-    line newer than the table, or no containerd)."""
+    line newer than the table, or no containerd). The version as the node printed it is shown printable."""
     if version is None:
         return None
     line = (version["major"], version["minor"])
@@ -41,6 +42,6 @@ def support_warning(version: ContainerdVersionInfo | None, today: date) -> str |
         f"{major}.{minor}" for (major, minor), last in sorted(END_OF_SUPPORT.items()) if last >= today
     )
     return (
-        f"containerd {version['raw']}: the {line[0]}.{line[1]} line is past its end of support{since} "
+        f"containerd {printable(version['raw'])}: the {line[0]}.{line[1]} line is past its end of support{since} "
         f"({SOURCE}); supported lines: {supported or 'none in the table'}; this is a warning, not a refusal"
     )

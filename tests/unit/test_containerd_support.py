@@ -60,3 +60,9 @@ def test_containerds_version_skew_error_is_given_its_files() -> None:
     assert said is not None
     assert said.startswith("/etc/containerd/conf.d/99-nvidia.toml has a version above /etc/containerd/config.toml's")
     assert version_skew_files("containerd: open /x: no such file or directory", files) is None
+
+
+def test_the_nodes_version_text_is_shown_printable() -> None:
+    parsed = parse_containerd_version("containerd github.com/containerd/containerd 1.7.24\x1b[2J x")
+    warning = support_warning(parsed, TODAY)
+    assert warning is not None and warning.startswith("containerd 1.7.24<U+001B>[2J: the 1.7 line")
