@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-host_tools=(debootstrap systemd-container socat openssh-client e2fsprogs iproute2 dpkg-dev python3-venv qemu-system-x86 qemu-utils vagrant shellcheck)
+host_tools=(debootstrap systemd-container socat openssh-client e2fsprogs iproute2 dpkg-dev python3-venv qemu-system-x86 qemu-utils vagrant shellcheck zsh fish)
 missing=()
 for pkg in "${host_tools[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")

@@ -4,7 +4,8 @@
 # nearest ancestor that is not a shell, sudo or chroot: sshd's session, or pyinfra itself for
 # @chroot/@local) and at most HOLD seconds after the lock was last taken or renewed, or until
 # node-unlock.sh ends it, waiting up to 10 s for a run that just ended. When HOLDER's own holder
-# still holds LOCK, renew it (the file's time) instead.
+# still holds LOCK, renew it (the file's time) instead. The node's login shell is one of the shells
+# passed over (sshd runs the command through it, and fish or zsh end once the command has).
 # LOCK lives in a directory of its own that must be root's and writable by no one else (it is made
 # 0700 if missing; one that is a link, not a directory, another user's or group/world-writable is
 # refused): no other user can plant, replace or open anything in it, so LOCK is checked by path
@@ -56,7 +57,8 @@ fi
 p=$PPID
 while c=$(cat "/proc/$p/comm" 2>/dev/null); do
     case "$c" in
-    sh | bash | dash | sudo | su | doas | chroot | env | timeout) p=$(cut -d' ' -f4 "/proc/$p/stat") ;;
+    sh | bash | dash | zsh | fish | ksh | ksh93 | mksh | lksh | ash | busybox | yash | posh | tcsh | csh | \
+        sudo | su | doas | chroot | env | timeout) p=$(cut -d' ' -f4 "/proc/$p/stat") ;;
     *) break ;;
     esac
 done

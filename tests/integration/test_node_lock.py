@@ -29,10 +29,14 @@ RELEASE = shell.script(SHELL / "node-unlock.sh")
 NOBODY = pwd.getpwnam("nobody").pw_uid
 
 # The connection's process (sshd's session on a node): takes the lock as its child, prints the exit
-# status, then lingers until it is killed.
+# status, then lingers until it is killed. With a login shell named, the lock is taken as sshd runs a
+# command: through that shell, with a command line it cannot hand over to sh by exec.
 CONNECTION = (
-    "import subprocess, sys, time\n"
-    "r = subprocess.run(['sh', '-c', *sys.argv[1:]], stderr=subprocess.DEVNULL)\n"
+    "import os, subprocess, sys, time\n"
+    "login, script, *args = sys.argv[1:]\n"
+    "env = dict(os.environ, TAKE=script, LOCK=args[1], HOLDER=args[2], HOLD=args[3])\n"
+    "argv = [login, '-c', 'cd / && sh -c \"$TAKE\" gpunode-lock \"$LOCK\" \"$HOLDER\" \"$HOLD\"'] if login else ['sh', '-c', script, *args]\n"
+    "r = subprocess.run(argv, stderr=subprocess.DEVNULL, env=env)\n"
     "print(r.returncode, flush=True)\n"
     "time.sleep(600)\n"
 )
@@ -58,10 +62,11 @@ def release(lock: Path, holder: str) -> None:
 
 
 @contextlib.contextmanager
-def connection(lock: Path, holder: str, hold: int = 3600) -> Iterator[subprocess.Popen[str]]:
-    """A process that took the lock for ``holder`` and lingers (killed on exit)."""
+def connection(lock: Path, holder: str, hold: int = 3600, login: str = "") -> Iterator[subprocess.Popen[str]]:
+    """A process that took the lock for ``holder`` (through the login shell ``login`` where named) and
+    lingers (killed on exit)."""
     process = subprocess.Popen(
-        [sys.executable, "-c", CONNECTION, TAKE, "gpunode-lock", str(lock), holder, str(hold)],
+        [sys.executable, "-c", CONNECTION, login, TAKE, "gpunode-lock", str(lock), holder, str(hold)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -237,6 +242,17 @@ def test_the_holder_ends_with_its_connection(base: Path) -> None:
     lock = base / "gpunode" / "node.lock"
     with connection(lock, "run A"):
         assert not is_free(lock)
+    wait_free(lock, within=5)
+
+
+@pytest.mark.parametrize("login", ["zsh", "fish", "bash"])
+def test_the_holder_outlives_the_login_shell_that_ran_it(base: Path, login: str) -> None:
+    lock = base / "gpunode" / "node.lock"
+    path = shutil.which(login)
+    assert path, f"{login} is not installed (scripts/setup.sh installs it)"
+    with connection(lock, "run A", login=path):
+        time.sleep(1.5)  # the login shell ended as soon as the lock was taken
+        assert not is_free(lock), f"the lock ended with the {login} login shell, not with the connection"
     wait_free(lock, within=5)
 
 
