@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -178,6 +179,42 @@ def test_a_canary_goes_alone_then_batches_run_side_by_side_and_never_across(
         assert "nvidia" in running_runtimes(fleet, node), node
         assert sh(fleet, node, f"test -e {MARK} && echo marked || echo clean").strip() == "clean"
     assert "rollout: 6 turns in 4 groups" in run.stdout
+
+
+def test_nodes_out_of_service_shrink_the_batches_they_are_not_in(fleet: Fleet, tmp_path: Path, hook: Path) -> None:
+    fresh(fleet)
+    sh(fleet, "bt6", "systemctl stop containerd")  # down until its turn, in the last batch
+    with socket.socket() as probe:  # a port nothing listens on: a node unreachable before the rollout
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    path = inventory(fleet, tmp_path, hook, gpunode_rollout_canary=1, gpunode_rollout_batch=3)
+    path.write_text(
+        path.read_text()
+        + f"hosts.append(('bt-gone', {{**hosts[0][1], 'ssh_port': {closed}, 'ssh_connect_retries': 0}}))\n"
+    )
+
+    # Enter: go on without the node that failed to connect (-y would skip the plan)
+    dry = subprocess.run(
+        pyinfra(path, "--dry"),
+        cwd=REPO,
+        input="\n",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
+    assert "--> Rollout plan" in dry.stdout, dry.stdout
+    plan = dry.stdout[dry.stdout.index("--> Rollout plan") :].splitlines()[1:7]
+    assert plan == [
+        "out of service, counted against each batch they are not in (of 3): bt-gone (failed or unreachable before "
+        "the rollout), bt6 (containerd inactive until its turn)",
+        "canary 1/1: bt1",
+        "batch 1/4: bt2",  # bt-gone and bt6 down: one turn beside them
+        "batch 2/4: bt3",
+        "batch 3/4: bt4",
+        "batch 4/4: bt5, bt6",  # bt6 in it: only bt-gone counts against it
+    ], dry.stdout
+    sh(fleet, "bt6", "systemctl start containerd")
 
 
 def test_a_failed_turn_rolls_back_its_batch_completes_and_the_budget_decides_the_rest(
