@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypedDict
 
 from pyinfra.api import FactBase
-from pyinfra.api.exceptions import FactProcessError
+from pyinfra.api.exceptions import FactProcessError, PyinfraError
 from typing_extensions import override
 
 from pyinfra_gpunode import node_toml, shell
@@ -30,6 +30,8 @@ from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, resolve_tr
 from pyinfra_gpunode.facts._composite import Part
 from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.platform import ContainerdPlatformInfo, owning_platform
+from pyinfra_gpunode.read_limits import DUMP_BYTES, TIMED_OUT, VERSION_SECONDS, did_not_answer
+from pyinfra_gpunode.read_limits import dump_seconds as limit_of_dump
 from pyinfra_gpunode.rollout import MARKER_BYTES, TURN_MARKER
 from pyinfra_gpunode.sections import MARK, marker, split_sections
 from pyinfra_gpunode.versions import ContainerdVersionInfo, parse_containerd_version
@@ -55,6 +57,13 @@ _SERVICE = shell.script(_SHELL / "containerd-service.sh")
 _CRI = shell.script(_SHELL / "containerd-cri.sh")
 
 
+# containerd's version, or VERSION_TIMED_OUT where it did not answer in time.
+VERSION_TIMED_OUT = "### gpunode-timeout"
+VERSION_COMMAND = (
+    f"timeout {VERSION_SECONDS} containerd --version || [ $? != {TIMED_OUT} ] || echo {shlex.quote(VERSION_TIMED_OUT)}"
+)
+
+
 class ContainerdVersion(FactBase[ContainerdVersionInfo | None]):
     """
     Returns containerd's version from ``containerd --version`` (Debian, upstream and
@@ -71,10 +80,12 @@ class ContainerdVersion(FactBase[ContainerdVersionInfo | None]):
 
     @override
     def command(self) -> str:
-        return "containerd --version"
+        return VERSION_COMMAND
 
     @override
     def process(self, output: list[str]) -> ContainerdVersionInfo | None:
+        if output == [VERSION_TIMED_OUT]:
+            raise FactProcessError(did_not_answer("containerd --version", VERSION_SECONDS))
         version = parse_containerd_version(output[0]) if output else None
         if version is None:
             raise FactProcessError(f"containerd --version printed an unknown form: {output!r}")
@@ -191,10 +202,18 @@ class DumpInfo(TypedDict):
     error: str | None
 
 
+def dump_seconds() -> int:
+    """``read_limits.dump_seconds``, a bad ``GPUNODE_DUMP_SECONDS`` as pyinfra's error (no traceback)."""
+    try:
+        return limit_of_dump()
+    except ValueError as error:
+        raise PyinfraError(str(error)) from None
+
+
 def dump_command(config: str) -> str:
     """Run ``config dump`` for the config ``config`` (a path, or an ``Expanded`` variable); stdout, then stderr and
     the exit code behind markers."""
-    return shell.command(_CONFIG_DUMP, "gpunode-config-dump", config)
+    return shell.command(_CONFIG_DUMP, "gpunode-config-dump", config, str(dump_seconds()), str(DUMP_BYTES))
 
 
 def _process_dump(output: list[str]) -> DumpInfo:
@@ -206,6 +225,9 @@ def _process_dump(output: list[str]) -> DumpInfo:
     rc = rc_line.split()[-1]
     if rc == "stage":
         error = "could not stage the candidate: " + "\n".join(stderr)
+        return {"summary": None, "dump": {}, "warnings": [], "error": error}
+    if rc == str(TIMED_OUT):
+        error = did_not_answer("containerd config dump", dump_seconds())
         return {"summary": None, "dump": {}, "warnings": [], "error": error}
     if rc != "0":
         return {"summary": None, "dump": {}, "warnings": warnings, "error": "\n".join(stderr) or rc_line}
@@ -258,7 +280,11 @@ def candidate_dump_command(config_path: str, dropin_path: str, root: str = CONFI
     """``config dump`` of a candidate tree: every ``*.toml`` under ``root`` copied into a temporary directory with
     the candidate ``config_path`` and ``dropin_path`` (their texts on stdin, ``candidate_input``), dumped by the
     containerd in ``bin_dir`` (``""``: the first on PATH); the stage is removed afterwards."""
-    return shell.command(_CANDIDATE_DUMP, "gpunode-candidate-dump", bin_dir, root, config_path, dropin_path, STAGE)
+    return shell.command(
+        _CANDIDATE_DUMP,
+        "gpunode-candidate-dump",
+        *(bin_dir, root, config_path, dropin_path, STAGE, str(dump_seconds()), str(DUMP_BYTES)),
+    )
 
 
 def candidate_input(config_text: str, dropin_text: str) -> str:
@@ -524,7 +550,7 @@ class ContainerdNodeState(FactBase[ContainerdNodeStateInfo]):
         return "; ".join(
             [
                 marker("version"),
-                f"if {has_containerd}; then containerd --version; fi",
+                f"if {has_containerd}; then {VERSION_COMMAND}; fi",
                 marker("files"),
                 ContainerdConfigFiles().command(),
                 marker("dump"),

@@ -16,6 +16,7 @@ from pyinfra_gpunode.containerd_dump import CriLoaded, parse_cri_loaded, parse_c
 from pyinfra_gpunode.facts.containerd import (
     CRI_LINES,
     LOG_BYTES,
+    VERSION_COMMAND,
     ContainerdVersion,
     DumpInfo,
     _process_dump,
@@ -97,7 +98,7 @@ def tree_command(bin_dir: str, config: str, dropins: str, extra: list[str] | Non
         [
             f'PATH={bin_dir}:"$PATH"; export PATH',
             marker("version"),
-            f"if {has_containerd}; then containerd --version; fi",
+            f"if {has_containerd}; then {VERSION_COMMAND}; fi",
             shell.command(_PLATFORM_CONTAINERD, "gpunode-platform-containerd", MARK, config, dropins, str(FILE_BYTES)),
             marker("dump"),
             f"if {has_containerd}; then {dump_command(config)}; fi",

@@ -11,6 +11,11 @@ from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 from typing_extensions import override
 
+from pyinfra_gpunode.read_limits import APT_SECONDS, TIMED_OUT, did_not_answer
+
+APT_TIMED_OUT = "### gpunode-timeout"  # apt-cache did not answer within APT_SECONDS
+MADISON_LINES_MAX = 20000  # lines an answer may have: a version per line, of a few dozen packages
+
 # apt options that keep apt-cache from writing its binary caches (pkgcache.bin, srcpkgcache.bin).
 APT_READ_ONLY = "-o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache="
 
@@ -29,7 +34,10 @@ class NvidiaAptVersions(FactBase[dict[str, list[str]]]):
     @override
     def command(self, packages: list[str]) -> str:
         names = " ".join(shlex.quote(name) for name in packages)
-        return f"apt-cache {APT_READ_ONLY} madison {names} 2>/dev/null || true"
+        return (
+            f"timeout {APT_SECONDS} apt-cache {APT_READ_ONLY} madison {names} 2>/dev/null "
+            f"|| [ $? != {TIMED_OUT} ] || echo {shlex.quote(APT_TIMED_OUT)}"
+        )
 
     @staticmethod
     def default() -> dict[str, list[str]]:
@@ -37,6 +45,10 @@ class NvidiaAptVersions(FactBase[dict[str, list[str]]]):
 
     @override
     def process(self, output: list[str]) -> dict[str, list[str]]:
+        if APT_TIMED_OUT in output:
+            raise FactProcessError(did_not_answer("apt-cache madison", APT_SECONDS))
+        if len(output) > MADISON_LINES_MAX:
+            raise FactProcessError(f"apt-cache madison printed more than {MADISON_LINES_MAX} lines")
         versions: dict[str, list[str]] = {}
         for line in output:
             parts = [part.strip() for part in line.split("|")]
@@ -84,8 +96,8 @@ class AptDownloads(FactBase[AptDownloadsInfo]):
     def command(self, packages: list[str]) -> str:
         pins = " ".join(shlex.quote(pin) for pin in packages)
         return (
-            f"apt-get {APT_READ_ONLY} --print-uris -qq -y --no-install-recommends --allow-change-held-packages "
-            f'install {pins} 2>&1; echo "rc=$?"'
+            f"timeout {APT_SECONDS} apt-get {APT_READ_ONLY} --print-uris -qq -y --no-install-recommends "
+            f'--allow-change-held-packages install {pins} 2>&1; echo "rc=$?"'
         )
 
     @staticmethod
@@ -111,6 +123,8 @@ class AptDownloads(FactBase[AptDownloadsInfo]):
             elif line.startswith("rc="):
                 status = line[3:].strip()
         error = errors[0] if errors else None
-        if error is None and status not in (None, "0"):
+        if status == str(TIMED_OUT):
+            error = did_not_answer("apt-get --print-uris", APT_SECONDS)
+        elif error is None and status not in (None, "0"):
             error = f"apt-get exited {status[:10]}"
         return {"files": files, "error": error}

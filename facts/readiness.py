@@ -18,6 +18,7 @@ from pyinfra_gpunode.containerd_files import resolve_tree
 from pyinfra_gpunode.facts._composite import Part, joined_command, part_values
 from pyinfra_gpunode.facts.cdi import CdiRefreshInfo, CdiRefreshUnits, CdiSpec, CdiSpecs
 from pyinfra_gpunode.facts.containerd import (
+    VERSION_COMMAND,
     ContainerdConfigFiles,
     ContainerdCriLoaded,
     ContainerdNodeState,
@@ -70,7 +71,7 @@ def platform_script(where: PlatformContainerd) -> str:
         [
             _path(where),
             marker("platform_version"),
-            f"if {has_containerd}; then containerd --version; fi",
+            f"if {has_containerd}; then {VERSION_COMMAND}; fi",
             marker("platform_files"),
             shell.command(_PLATFORM_FILES, "gpunode-platform-files", where["config"], where["root"], str(FILE_BYTES)),
             marker("platform_dump"),

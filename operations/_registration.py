@@ -53,6 +53,7 @@ from pyinfra_gpunode.platform import (
     requests_of,
 )
 from pyinfra_gpunode.platform import refusal as platform_refusal
+from pyinfra_gpunode.read_limits import unanswered
 from pyinfra_gpunode.redaction import redacted
 from pyinfra_gpunode.rollout import TurnMark
 from pyinfra_gpunode.versions import ContainerdVersionInfo
@@ -219,6 +220,8 @@ class _Judge:
             return Registration(
                 "containerd is not installed: install it before registering the nvidia runtime", installed=False
             )
+        if before and unanswered(before["error"]):
+            return Registration(f"containerd config not changed: {before['error']}")
         not_files = not_regular_files([files["main_path"], OUR_DROPIN], files["kinds"])
         if not_files:
             return Registration(

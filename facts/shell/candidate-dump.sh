@@ -5,10 +5,11 @@
 # dumped by the containerd first on PATH (BIN_DIR first, where not ""). STAGE in the candidates' text
 # becomes the stage's path; the stage's path in containerd's messages becomes the node's own again, so
 # its warnings compare with the node's. The stage is removed on exit; nothing is written outside it.
-# Where the stage cannot be made the exit status line is `stage`.
-# Usage: sh -c "$script" gpunode-candidate-dump BIN_DIR ROOT CONFIG DROPIN STAGE <CANDIDATES
+# Where the stage cannot be made the exit status line is `stage`; 124 where containerd did not answer
+# within SECONDS. At most BYTES of the dump are printed, and 64 KiB of its stderr.
+# Usage: sh -c "$script" gpunode-candidate-dump BIN_DIR ROOT CONFIG DROPIN STAGE SECONDS BYTES <CANDIDATES
 # Exit status: 0 (non-zero only where no temporary directory could be made: nothing is printed then).
-bin_dir=$1 root=$2 config=$3 dropin=$4 stage=$5
+bin_dir=$1 root=$2 config=$3 dropin=$4 stage=$5 seconds=$6 bytes=$7
 if [ -n "$bin_dir" ]; then
     PATH=$bin_dir:$PATH
     export PATH
@@ -35,12 +36,21 @@ stage_candidate() {
     staged "$config" "$c" && staged "$dropin" "$d"
 }
 
+# Print at most $1 bytes of the file $2, ending in a newline.
+upto() {
+    head -c "$1" "$2" >"$T/cut"
+    cat "$T/cut"
+    [ -z "$(tail -c 1 "$T/cut")" ] || echo
+}
+
 if stage_candidate 2>"$T/err"; then
-    containerd --config "$S$config" config dump 2>"$T/err"
+    timeout "$seconds" containerd --config "$S$config" config dump >"$T/out" 2>"$T/err"
     rc=$?
+    upto "$bytes" "$T/out"
 else
     rc=stage
 fi
 echo "### gpunode-stderr"
-sed "s#$S##g" "$T/err"
+sed "s#$S##g" "$T/err" >"$T/err.node"
+upto 65536 "$T/err.node"
 echo "### gpunode-rc $rc"

@@ -3,14 +3,16 @@
 Four Debian trixie roots (containerd 1.7.24) through the real CLI: a healthy one, one whose config.toml
 is a 1 KB file nested 600 levels deep (tomllib, and every recursive walk after it, raise ``RecursionError``
 on it), and one whose drop-in nests dotted tables 300 levels deep (parsed, but no deep copy survives it).
-A fourth has a CDI spec with a Latin-1 byte. The readiness report and the deploy's dry run both finish for
-every node; the healthy node gets its report and its plan as it would alone, the poisoned ones name their
-file.
+A fourth has a CDI spec with a Latin-1 byte. A fifth imports a named pipe (as a file on a hung mount
+would, it keeps the real ``containerd config dump`` waiting forever). The readiness report and the
+deploy's dry run both finish for every node; the healthy node gets its report and its plan as it would
+alone, the poisoned ones name their file or the read that did not answer.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,15 +25,20 @@ from tests.realbin.scenarios import CONFD, CONFIG, IMPORTS
 pytestmark = pytest.mark.containerd
 ARRAYS = "version = 2\n" + IMPORTS + "x = " + "[" * 600 + "]" * 600 + "\n"
 DOTTED = "version = 2\n[" + ".".join(["k"] * 300) + "]\nx = 1\n"
+FIFO = object()  # a named pipe nothing ever writes to
+DUMP_SECONDS = "3"  # GPUNODE_DUMP_SECONDS: how long the runs wait for a dump
 LATIN1 = b"cdiVersion: 0.5.0\nkind: example.com/x\n# caf\xe9\ndevices:\n- name: a\n  containerEdits: {}\n"
 
 
-def plant(files: dict[str, str | bytes]):
+def plant(files: dict[str, str | bytes | object]):
     def planted(root: Path) -> None:
         for path, text in files.items():
             target = root / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(text if isinstance(text, bytes) else text.encode())
+            if text is FIFO:
+                os.mkfifo(target)
+            else:
+                target.write_bytes(text if isinstance(text, bytes) else str(text).encode())
         (root / "usr/bin/ctr").unlink()  # no daemon runs in a root: ctr would wait for its socket
 
     return planted
@@ -44,7 +51,9 @@ NODES = {
     # One Latin-1 byte: the controller reads a node's output as UTF-8, and a byte it cannot decode ended the
     # read there (everything after the CDI specs, containerd among it, then looked absent).
     "latin1_spec": plant({CONFIG: "version = 2\n" + IMPORTS, "/etc/cdi/vendor.yaml": LATIN1}),
+    "hung_import": plant({CONFIG: "version = 2\n" + IMPORTS, f"{CONFD}/20-hung.toml": FIFO}),
 }
+HUNG = f"containerd config dump did not answer within {DUMP_SECONDS} s"
 
 
 @pytest.fixture
@@ -60,7 +69,10 @@ def lines_of(output: str, root: Path) -> list[str]:
 def test_a_deeply_nested_file_fails_its_node_alone(roots: dict[str, Path], tmp_path: Path) -> None:
     inventory = ",".join(f"@chroot/{root}" for root in roots.values())
     report = tmp_path / "report.json"
-    readiness = cli.pyinfra("-y", "--data", f"gpunode_readiness_json={report}", inventory, "deploys/readiness.py")
+    limit = {"GPUNODE_DUMP_SECONDS": DUMP_SECONDS}
+    readiness = cli.pyinfra(
+        "-y", "--data", f"gpunode_readiness_json={report}", inventory, "deploys/readiness.py", env=limit, timeout=300
+    )
     assert "Traceback" not in readiness.stdout and "RecursionError" not in readiness.stdout, readiness.stdout
     document = json.loads(report.read_text())
     assert document["run"]["complete"] is True
@@ -68,11 +80,16 @@ def test_a_deeply_nested_file_fails_its_node_alone(roots: dict[str, Path], tmp_p
     assert set(nodes) == {f"@chroot/{root}" for root in roots.values()}
     # Every node reported, each by its own files (none defines the nvidia runtime yet); the deep config.toml
     # is one containerd itself reads.
+    hung = nodes.pop(f"@chroot/{roots['hung_import']}")
     for node in nodes.values():
         assert (node["state"], node["first_broken"]) == ("not_ready", "containerd_config"), node
         assert node["cause"] == f"no config file loaded from {CONFIG} defines the nvidia runtime", node
+    assert hung["state"] != "ready" and HUNG in json.dumps(hung), hung
 
-    dry = cli.pyinfra("--dry", "--data", "gpunode_containerd_restart=none", inventory, "deploys/containerd_runtime.py")
+    dry = cli.pyinfra(
+        "--dry", "--data", "gpunode_containerd_restart=none", inventory, "deploys/containerd_runtime.py",
+        env=limit, timeout=300,
+    )  # fmt: skip
     assert "Traceback" not in dry.stdout and "RecursionError" not in dry.stdout, dry.stdout
     healthy_lines = "\n".join(lines_of(dry.stdout, roots["healthy"]))
     assert "nvidia-runtime.toml" in healthy_lines, dry.stdout
@@ -82,3 +99,5 @@ def test_a_deeply_nested_file_fails_its_node_alone(roots: dict[str, Path], tmp_p
     assert f"{CONFD}/10-deep.toml: invalid TOML: nested 301 levels deep: at most 64 are read" in dropin_lines, (
         dry.stdout
     )
+    hung_lines = "\n".join(lines_of(dry.stdout, roots["hung_import"]))
+    assert HUNG in hung_lines, dry.stdout
