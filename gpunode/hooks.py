@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pyinfra_gpunode.hostdata import HostDataError
+from pyinfra_gpunode.hostdata import NODE_NAME_MAX, HostDataError, is_node_name
 from pyinfra_gpunode.log import printable, shown
 
 PLACEHOLDERS = ("node", "hostname")
 HOOK_KEYS = ("gpunode_rollout_before", "gpunode_rollout_after")
 
-# A Kubernetes node name: an RFC 1123 subdomain (lowercase labels of letters, digits and '-', joined by '.').
-_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-NODE_NAME_MAX = 253
-
 
 def node_name_problem(hostname: str) -> str | None:
     """Why ``hostname`` (read from the node) may not reach a hook as ``{hostname}`` or ``GPUNODE_HOSTNAME``,
     or ``None`` when it is a valid Kubernetes node name (RFC 1123 subdomain, at most 253 characters)."""
-    if len(hostname) <= NODE_NAME_MAX and _NODE_NAME.fullmatch(hostname):
+    if is_node_name(hostname):
         return None
     return (
         f"the node's hostname {shown(hostname)} is not a valid Kubernetes node name (lowercase letters, "

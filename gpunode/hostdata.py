@@ -47,6 +47,16 @@ def batch_value_problem(value: Any) -> str | None:
     return "neither a whole number >= 1 nor a percentage from 1% to 100%"
 
 
+# A Kubernetes node name: an RFC 1123 subdomain (lowercase labels of letters, digits and '-', joined by '.').
+NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+NODE_NAME_MAX = 253
+
+
+def is_node_name(value: Any) -> bool:
+    """Whether ``value`` is a valid Kubernetes node name (RFC 1123 subdomain, at most 253 characters)."""
+    return isinstance(value, str) and len(value) <= NODE_NAME_MAX and NODE_NAME.fullmatch(value) is not None
+
+
 def _is_str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
@@ -175,9 +185,18 @@ KEYS: dict[str, Key] = {
             "gpunode_rollout_before",
             "list[str]",
             "command run on the controller (argv, no shell) before a node's turn, e.g. to cordon and drain it; "
-            "`{node}` (inventory name) and `{hostname}` (the node's hostname) are filled in, the planned changes are "
+            "`{node}` (inventory name) and `{hostname}` (`gpunode_node_name`) are filled in, the planned changes are "
             "in `GPUNODE_CHANGES`; failing leaves the node untouched and halts the rollout. `[]`: no hook",
             _is_str_list,
+        ),
+        Key(
+            "gpunode_node_name",
+            "str (a Kubernetes node name) or null",
+            "this host's Kubernetes node name, given to its hooks as `{hostname}` and `GPUNODE_HOSTNAME`; the node "
+            "must answer to it (its hostname, or the kubelet's `--hostname-override`) or no hook runs. None: the name "
+            "the node reports. Two hosts of a run with one name, or one machine (`/etc/machine-id`) under two "
+            "inventory names, fail before any hook",
+            lambda value: value is None or is_node_name(value),
         ),
         Key(
             "gpunode_rollout_after",

@@ -290,6 +290,7 @@ class NodeSettings(TypedDict):
     before: list[str]  # controller-side hook argv before the turn ([]: none)
     after: list[str]  # controller-side hook argv after the turn ([]: none)
     hook_timeout: float  # seconds each hook may run
+    node_name: str | None  # the node's Kubernetes name from host data (None: the name the node reports)
     driver: list[str]  # the driver's disruptive changes planned for the turn ([]: none)
     steps: Callable[[], object] | None  # adds the driver and the GPU steps after it, at the turn
 
@@ -304,6 +305,7 @@ def node_settings(nodes: Mapping[str, Mapping[str, Any]], name: str) -> NodeSett
         "before": list(given.get("before", [])),
         "after": list(given.get("after", [])),
         "hook_timeout": float(given.get("hook_timeout", HOOK_TIMEOUT)),
+        "node_name": given.get("node_name"),
         "driver": list(given.get("driver", [])),
         "steps": given.get("steps"),
     }

@@ -81,6 +81,7 @@ class HookSettings:
     before: list[str] = field(default_factory=list, metadata=_key("gpunode_rollout_before"))
     after: list[str] = field(default_factory=list, metadata=_key("gpunode_rollout_after"))
     timeout: float = field(default=HOOK_TIMEOUT, metadata=_key("gpunode_hook_timeout"))
+    node_name: str | None = field(default=None, metadata=_key("gpunode_node_name"))
 
 
 @dataclass(frozen=True)

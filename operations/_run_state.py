@@ -48,6 +48,9 @@ class RunState:
     outcomes: dict[str, Outcome] | None = None
     reports: dict[str, NodeReport] = field(default_factory=dict)
     planned: dict[str, tuple[Registration, NodeSettings]] = field(default_factory=dict)
+    # Each node's Kubernetes name for its hooks ("": none, or no hook) and machine id ("": none), as the
+    # run read them: no two nodes of the rollout may share either.
+    identities: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     # readiness.py: each node's readiness report, read once (a run that checks for changes first reuses it);
     # whether the fleet's report was printed (and written: complete); the report's run id and start time.

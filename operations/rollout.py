@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Collection, Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -13,11 +13,12 @@ from pyinfra.api import StringCommand, operation
 from pyinfra.api.exceptions import NestedOperationError
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
-from pyinfra.facts.server import Hostname
 
+from pyinfra_gpunode.facts.identity import NodeIdentity
 from pyinfra_gpunode.hook_process import turn_hook
-from pyinfra_gpunode.hooks import hook_argv, node_name_problem, placeholders, shown_argv
-from pyinfra_gpunode.log import logger, printable
+from pyinfra_gpunode.hooks import hook_argv, placeholders, shown_argv
+from pyinfra_gpunode.log import logger, printable, shown
+from pyinfra_gpunode.node_identity import node_name, shared
 from pyinfra_gpunode.operations import _lock, containerd, platform
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._internals import (
@@ -129,7 +130,8 @@ def nvidia_runtime_rolled_out(
       arguments), ``timeout`` (seconds its restart may take to bring the CRI plugin up),
       ``restart`` (``rolling``, or ``none``: files only, no restart, outside the turns),
       ``before`` and ``after`` (argv run on the controller around the turn, ``{node}`` and
-      ``{hostname}`` filled in; ``[]``: none), ``hook_timeout`` (seconds per hook), ``driver``
+      ``{hostname}`` filled in; ``[]``: none), ``hook_timeout`` (seconds per hook), ``node_name``
+      (the node's Kubernetes name for its hooks; None: the one it reports), ``driver``
       (the driver changes planned for the turn, as ``driver.driver_changes`` lists them) and
       ``steps`` (a callable adding the driver and GPU operations, called at the turn); a node
       not listed takes the defaults
@@ -218,6 +220,8 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
     changes = turn_changes(settings["driver"], found.writes, found.restart_reason if rolling else None)
     changes += _resumed_changes(found) if _takes_turns(settings) else []
     hostname, refused = _hook_hostname(host, settings) if _takes_turns(settings) and changes else ("", None)
+    if _takes_turns(settings):
+        _identified(current_state(), host, hostname)
     if found.mode_line and not found.problem:  # NRI mode: the plan names it
         logger.info("%splan: %s", host.print_prefix, found.mode_line)
     if found.problem or unit or refused:
@@ -287,19 +291,35 @@ def _plan_hooks(settings: NodeSettings, hostname: str) -> list[str]:
 
 
 def _hook_hostname(node: Host, settings: NodeSettings) -> tuple[str, str | None]:
-    """The node's hostname for its hooks (``{hostname}`` and ``GPUNODE_HOSTNAME``, which every hook gets),
-    read where the node has a hook, and why it is refused where a hook names ``{hostname}`` (not a Kubernetes
-    node name: it would reach the controller's commands), or ``None``. A name no hook asks for that is no
-    node name is left out of ``GPUNODE_HOSTNAME``."""
+    """The node's Kubernetes name for its hooks (``{hostname}`` and ``GPUNODE_HOSTNAME``, which every hook
+    gets), read where the node has a hook: ``gpunode_node_name`` where the node answers to it, else the name
+    the node reports (``node_identity.node_name``); and why no hook may run against it, or ``None``. A
+    reported name that is no node name refuses the node only where a hook names ``{hostname}`` (it would
+    reach the controller's commands); ``GPUNODE_HOSTNAME`` is left empty then. A ``gpunode_node_name`` the
+    node does not answer to always refuses it."""
     hooks = (*settings["before"], *settings["after"])
     if not hooks:
         return "", None
-    hostname = str(node.get_fact(Hostname))
-    refused = node_name_problem(hostname)
-    if refused is None:
-        return hostname, None
+    name, refused = node_name(node.name, settings["node_name"], node.get_fact(NodeIdentity))
+    if refused is None or settings["node_name"]:
+        return name, refused
     asked = any("hostname" in placeholders(arg) for arg in hooks)
     return "", refused if asked else None  # no hook names it: GPUNODE_HOSTNAME stays empty, nothing is refused
+
+
+def _identified(run: State, node: Host, name: str) -> None:
+    """Record the node's hook name (``""``: none) and machine id for the rollout's check that no two nodes
+    share either (``_shared_identities``)."""
+    run_state(run).identities[node.name] = (name, node.get_fact(NodeIdentity).machine_id)
+
+
+def _shared_identities(run: State, names: Collection[str]) -> dict[str, str]:
+    """Why each of ``names`` that shares its hook name or its machine with another node of the run takes
+    no turn: drained in another's turn, or two turns at once on one machine."""
+    known = {name: run_state(run).identities[name] for name in names if name in run_state(run).identities}
+    by_machine = shared({name: machine for name, (_, machine) in known.items()}, "machine id")
+    by_name = shared({name: hook_name for name, (hook_name, _) in known.items()}, "Kubernetes node name")
+    return {name: by_machine.get(name) or by_name[name] for name in {*by_machine, *by_name}}
 
 
 def _files_only(runtime: dict[str, Any]) -> Generator[Any, Any, None]:
@@ -395,8 +415,9 @@ def _layout(
     }
     down: dict[str, str] = {}
     turns = []
+    same = _shared_identities(run, judged)
     for name, (found, mine) in judged.items():
-        refusal = _unit_problem(found, mine) or _cri_refusal(found, mine)
+        refusal = _unit_problem(found, mine) or _cri_refusal(found, mine) or same.get(name)
         why = _out_of_service(found)
         if refusal:
             layout.refused[name] = refusal
@@ -412,6 +433,7 @@ def _layout(
     resumed = [name for name in turns if judged[name][0].turn_mark is not None and name not in layout.refused]
     layout.groups = turn_groups(turns, policy.canary, size, resumed, set(down), len(gone))
     layout.lines = plan_lines(layout.groups, {**gone, **down}, size)
+    layout.lines += [f"refused, fails in its slot untouched: {name}: {why}" for name, why in same.items()]
     return layout
 
 
@@ -477,9 +499,12 @@ def _turn_needed(found: containerd.Registration, settings: NodeSettings) -> bool
 
 
 def _check(state: State, node: Host, settings: NodeSettings) -> containerd.Registration:
-    """What the node's files and service need (reads only)."""
+    """What the node's files and service need, and who the node is (reads only)."""
     with on_host(state, node):
-        return containerd.registration(**settings["runtime"])
+        found = containerd.registration(**settings["runtime"])
+        hostname, _ = _hook_hostname(node, settings)
+        _identified(state, node, hostname)
+        return found
 
 
 def _reports(state: State, order: list[str], outcomes: dict[str, Outcome]) -> dict[str, NodeReport]:
@@ -558,6 +583,9 @@ def _turn(
         found = containerd.registration(**settings["runtime"])
         hooked = not found.problem  # a refused config fails the node at once: no hook, no driver change
         hostname, refused = _hook_hostname(node, settings) if hooked else ("", None)
+    recorded = run_state(state).identities.get(node.name)
+    if hooked and not refused and recorded and hostname != recorded[0]:
+        refused = f"the node's name changed since the run read it ({shown(recorded[0])}, now {shown(hostname)})"
     unit = _unit_problem(found, settings) or _cri_refusal(found, settings)
     if refused or unit:
         return Outcome.failed(f"{refused or unit}; the node was not touched")

@@ -141,6 +141,7 @@ def _register(settings: Settings | None) -> None:
         "before": settings.hooks.before,
         "after": settings.hooks.after,
         "hook_timeout": settings.hooks.timeout,
+        "node_name": settings.hooks.node_name,
         "driver": changes,
         "steps": steps,
     }

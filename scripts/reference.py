@@ -40,6 +40,7 @@ SUBJECTS = (
     "k0s",
     "rancher",
     "operator",
+    "identity",
     "rollout",
     "readiness",
 )

@@ -35,7 +35,7 @@ CONNECTION = (
     "import os, subprocess, sys, time\n"
     "login, script, *args = sys.argv[1:]\n"
     "env = dict(os.environ, TAKE=script, LOCK=args[1], HOLDER=args[2], HOLD=args[3])\n"
-    "command = 'cd / && sh -c \"$TAKE\" gpunode-lock \"$LOCK\" \"$HOLDER\" \"$HOLD\"'\n"
+    'command = \'cd / && sh -c "$TAKE" gpunode-lock "$LOCK" "$HOLDER" "$HOLD"\'\n'
     "argv = [login, '-c', command] if login else ['sh', '-c', script, *args]\n"
     "r = subprocess.run(argv, stderr=subprocess.DEVNULL, env=env)\n"
     "print(r.returncode, flush=True)\n"

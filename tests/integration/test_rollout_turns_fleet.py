@@ -341,6 +341,41 @@ def test_a_hostname_that_is_no_node_name_fails_its_node_before_any_hook(
     assert "halted: not touched after the failure on tn2" in summary_row(run.stdout, "tn3")
 
 
+def test_a_node_named_after_another_or_one_machine_under_two_names_takes_no_turn(
+    fleet: Fleet, tmp_path: Path, hook: Path
+) -> None:
+    fleet.reset(NODES)
+    tn1 = sh(fleet, "tn1", "uname -n").strip()
+    sh(fleet, "tn2", f"hostname {tn1}")  # tn2 names itself after tn1: its hooks would drain tn1
+    path = inventory(fleet, tmp_path, hook)
+    # tn3's machine under a second inventory name: two turns at once on one machine
+    path.write_text(path.read_text() + "hosts.append(('tn3-again', dict(hosts)['tn3']))\n")
+    before = {node: (main_pid(fleet, node), digest(fleet, node, "/etc/containerd")) for node in NODES}
+
+    dry = deploy(path, "--dry")
+    refused = "refused, fails in its slot untouched: "
+    assert f"{refused}tn1: Kubernetes node name '{tn1}' is tn2's too" in dry.stdout, dry.stdout
+    assert f"{refused}tn2: Kubernetes node name '{tn1}' is tn1's too" in dry.stdout
+    machine = sh(fleet, "tn3", "cat /etc/machine-id").strip()
+    assert f"{refused}tn3: machine id '{machine}' is tn3-again's too" in dry.stdout
+    assert f"{refused}tn3-again: machine id '{machine}' is tn3's too" in dry.stdout
+
+    run = deploy(path, "-y")
+    assert run.returncode != 0, run.stdout
+    assert calls(hook) == []  # tn1 failed in its slot first: nothing ran against any node
+    assert f"Kubernetes node name '{tn1}' is tn2's too" in summary_row(run.stdout, "tn1")
+    assert {node: (main_pid(fleet, node), digest(fleet, node, "/etc/containerd")) for node in NODES} == before
+
+    # A node name in host data the node does not answer to: no hook runs against it.
+    named = inventory(fleet, tmp_path, hook)
+    named.write_text(
+        named.read_text() + "hosts = [(n, {**d, 'gpunode_node_name': 'tn9'} if n == 'tn3' else d) for n, d in hosts]\n"
+    )
+    dry = deploy(named, "--dry")
+    assert "[tn3] plan: gpunode_node_name 'tn9' for tn3 is not the node's name: it reports" in dry.stdout, dry.stdout
+    sh(fleet, "tn2", "hostname -F /etc/hostname")
+
+
 # A before-hook that, in tn1's turn, adds a registry drop-in to tn2: tn2 changes after the run read it.
 ADDING_HOOK = """#!{python}
 import os, subprocess, sys

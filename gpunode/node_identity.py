@@ -1,0 +1,89 @@
+"""Which Kubernetes node a host of the inventory is, decided on the controller's side (no I/O).
+
+The name a hook is given (``{hostname}``, ``GPUNODE_HOSTNAME``) drives controller-side commands such as
+``kubectl drain``: a node that names itself after another node must never get that other node drained.
+So the name is host data where given (``gpunode_node_name``) and is checked against what the node reports
+(its hostname as the kubelet registers it, lowercased, or the kubelet's ``--hostname-override``); without
+it, the node's report is used where it is a valid node name. Across the hosts of one run, two with one node
+name, or one machine (one ``/etc/machine-id``) under two inventory names, fail before any hook runs,
+naming each other.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pyinfra_gpunode.hooks import node_name_problem
+from pyinfra_gpunode.log import shown
+
+# Where kubeadm, distribution packages and image builders pass the kubelet its flags.
+KUBELET_FLAG_FILES = ("/var/lib/kubelet/kubeadm-flags.env", "/etc/default/kubelet", "/etc/sysconfig/kubelet")
+_OVERRIDE = re.compile(r"--hostname-override(?:=|\s+)(\S+)")
+_MACHINE_ID = re.compile(r"[0-9a-f]{32}")
+
+
+@dataclass(frozen=True)
+class Reported:
+    """What a node says about itself: its kernel hostname, the kubelet's ``--hostname-override`` where its
+    flag files set one, and its ``/etc/machine-id`` (``""`` where absent or not one)."""
+
+    hostname: str
+    override: str | None = None
+    machine_id: str = ""
+
+
+def kubelet_override(flag_lines: list[str]) -> str | None:
+    """The last ``--hostname-override`` in the kubelet's flag files' lines (``KUBELET_KUBEADM_ARGS="..."``),
+    unquoted, or None."""
+    found = None
+    for line in flag_lines:
+        for match in _OVERRIDE.finditer(line):
+            try:
+                words = shlex.split(match.group(1))
+            except ValueError:
+                words = [match.group(1).strip("\"'")]
+            found = words[0] if words else None
+    return found
+
+
+def machine_id(text: str) -> str:
+    """``/etc/machine-id``'s id, or ``""`` where the file holds none (empty, ``uninitialized``, garbage)."""
+    text = text.strip()
+    return text if _MACHINE_ID.fullmatch(text) else ""
+
+
+def node_name(inventory_name: str, explicit: str | None, reported: Reported) -> tuple[str, str | None]:
+    """``(the node's Kubernetes name, None)``, or ``("", why)`` where no name may reach its hooks: the
+    host data's ``explicit`` name where the node answers to it, else the name the kubelet registers
+    (its override, or the hostname lowercased) where that is a valid node name."""
+    answers = [name for name in (reported.override, reported.hostname.lower()) if name]
+    if explicit:
+        if explicit in answers:
+            return explicit, None
+        said = " nor ".join(shown(name) for name in answers) or "no name"
+        return "", (
+            f"gpunode_node_name {explicit!r} for {inventory_name} is not the node's name: it reports {said} "
+            "(hostname, kubelet --hostname-override); no hook runs against a node that may be another"
+        )
+    name = answers[0] if answers else ""
+    problem = node_name_problem(name)
+    return (name, None) if problem is None else ("", problem)
+
+
+def shared(values: Mapping[str, str], what: str) -> dict[str, str]:
+    """For each inventory name whose value (node name, machine id) another inventory name of the run has
+    too, why neither may take a turn; ``""`` values are never shared."""
+    holders: dict[str, list[str]] = {}
+    for name, value in values.items():
+        if value:
+            holders.setdefault(value, []).append(name)
+    problems = {}
+    for value, names in holders.items():
+        if len(names) > 1:
+            for name in names:
+                others = ", ".join(other for other in names if other != name)
+                problems[name] = f"{what} {shown(value)} is {others}'s too: no turn for either until each is one node"
+    return problems
