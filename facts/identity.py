@@ -7,7 +7,7 @@ import shlex
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from pyinfra_gpunode.node_identity import KUBELET_FLAG_FILES, Reported, kubelet_override, machine_id
+from pyinfra_gpunode.node_identity import KUBELET_FLAG_FILES, Reported, kubelet_override, machine_id, reported
 from pyinfra_gpunode.sections import marker, split_sections
 
 NAME_BYTES = 300  # of the hostname (at most 64 on Linux) read
@@ -24,7 +24,7 @@ class NodeIdentity(FactBase[Reported]):
 
     .. code:: python
 
-        Reported(hostname="gpu-a", override=None, machine_id="4c4c4544004d3510804bb4c04f4e3732")
+        {"hostname": "gpu-a", "override": None, "machine_id": "4c4c4544004d3510804bb4c04f4e3732"}
     """
 
     @override
@@ -46,8 +46,8 @@ class NodeIdentity(FactBase[Reported]):
     def process(self, output: list[str]) -> Reported:
         sections = split_sections(output)
         names = [line for line in sections.get("hostname", []) if line]
-        return Reported(
-            hostname=names[0] if names else "",
-            override=kubelet_override(sections.get("kubelet", [])),
-            machine_id=machine_id("".join(sections.get("machine_id", []))),
+        return reported(
+            names[0] if names else "",
+            kubelet_override(sections.get("kubelet", [])),
+            machine_id("".join(sections.get("machine_id", []))),
         )

@@ -10,8 +10,10 @@ from typing_extensions import override
 
 from pyinfra_gpunode.facts._composite import Part, joined_command, split_values
 from pyinfra_gpunode.facts.gpus import NvidiaGpus, PciInfo
+from pyinfra_gpunode.facts.identity import NodeIdentity
 from pyinfra_gpunode.facts.kernel import HostPrepInfo, HostPrepState
 from pyinfra_gpunode.facts.readiness import NodeReadiness, NodeReadinessInfo
+from pyinfra_gpunode.node_identity import Reported
 
 KIND_PART = "@@gpunode-kind:"
 
@@ -60,13 +62,14 @@ class NodeSnapshotInfo(TypedDict):
     kind: NodeKindInfo
     prep: HostPrepInfo
     readiness: NodeReadinessInfo
+    identity: Reported
 
 
 class NodeSnapshot(FactBase[NodeSnapshotInfo]):
     """
-    Returns in one command ``NodeKind``, ``HostPrepState`` for ``nouveau_path`` and
+    Returns in one command ``NodeKind``, ``HostPrepState`` for ``nouveau_path``,
     ``NodeReadiness`` for ``binary`` (which hold every other fact the deploys read before they
-    change anything), each as that fact returns it.
+    change anything) and ``NodeIdentity``, each as that fact returns it.
 
     + binary: path of the nvidia runtime binary
     + nouveau_path: modprobe.d file meant to blacklist nouveau
@@ -77,6 +80,7 @@ class NodeSnapshot(FactBase[NodeSnapshotInfo]):
             "kind": {"distribution": {"name": "Debian", ...}, "gpus": {"gpus": [...], ...}},
             "prep": {"kernel": {...}, "unattended": {...}, "nouveau": {...}},
             "readiness": {"host": {...}, "nvml": None, "toolkit": {...}, "cdi": [], "containerd": {...}, ...},
+            "identity": {"hostname": "gpu-a", "override": None, "machine_id": "4c4c4544004d3510804bb4c04f4e3732"},
         }
     """
 
@@ -84,6 +88,7 @@ class NodeSnapshot(FactBase[NodeSnapshotInfo]):
         "kind": Part(NodeKind),
         "prep": Part(HostPrepState, lambda arguments: {"path": arguments["nouveau_path"]}),
         "readiness": Part(NodeReadiness, lambda arguments: {"binary": arguments["binary"]}),
+        "identity": Part(NodeIdentity),
     }
 
     @override

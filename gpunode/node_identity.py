@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from typing import TypedDict
 
-from pyinfra_gpunode.hooks import node_name_problem
+from pyinfra_gpunode.hooks import node_name_problem, placeholders
 from pyinfra_gpunode.log import shown
 
 # Where kubeadm, distribution packages and image builders pass the kubelet its flags.
@@ -25,14 +25,17 @@ _OVERRIDE = re.compile(r"--hostname-override(?:=|\s+)(\S+)")
 _MACHINE_ID = re.compile(r"[0-9a-f]{32}")
 
 
-@dataclass(frozen=True)
-class Reported:
+class Reported(TypedDict):
     """What a node says about itself: its kernel hostname, the kubelet's ``--hostname-override`` where its
     flag files set one, and its ``/etc/machine-id`` (``""`` where absent or not one)."""
 
     hostname: str
-    override: str | None = None
-    machine_id: str = ""
+    override: str | None
+    machine_id: str
+
+
+def reported(hostname: str, override: str | None = None, machine: str = "") -> Reported:
+    return {"hostname": hostname, "override": override, "machine_id": machine}
 
 
 def kubelet_override(flag_lines: list[str]) -> str | None:
@@ -59,7 +62,7 @@ def node_name(inventory_name: str, explicit: str | None, reported: Reported) -> 
     """``(the node's Kubernetes name, None)``, or ``("", why)`` where no name may reach its hooks: the
     host data's ``explicit`` name where the node answers to it, else the name the kubelet registers
     (its override, or the hostname lowercased) where that is a valid node name."""
-    answers = [name for name in (reported.override, reported.hostname.lower()) if name]
+    answers = [name for name in (reported["override"], reported["hostname"].lower()) if name]
     if explicit:
         if explicit in answers:
             return explicit, None
@@ -71,6 +74,19 @@ def node_name(inventory_name: str, explicit: str | None, reported: Reported) -> 
     name = answers[0] if answers else ""
     problem = node_name_problem(name)
     return (name, None) if problem is None else ("", problem)
+
+
+def hook_name(
+    inventory_name: str, explicit: str | None, hooks: Sequence[str], reported: Reported
+) -> tuple[str, str | None]:
+    """``node_name`` for a node whose hooks are ``hooks`` (their arguments): a reported name that is no node
+    name refuses the node only where a hook names ``{hostname}`` (it would reach the controller's commands),
+    and is given to no hook otherwise; an ``explicit`` name the node does not answer to always refuses it."""
+    name, refused = node_name(inventory_name, explicit, reported)
+    if refused is None or explicit:
+        return name, refused
+    asked = any("hostname" in placeholders(argument) for argument in hooks)
+    return "", refused if asked else None
 
 
 def shared(values: Mapping[str, str], what: str) -> dict[str, str]:

@@ -16,9 +16,9 @@ from pyinfra.api.state import State
 
 from pyinfra_gpunode.facts.identity import NodeIdentity
 from pyinfra_gpunode.hook_process import turn_hook
-from pyinfra_gpunode.hooks import hook_argv, placeholders, shown_argv
+from pyinfra_gpunode.hooks import hook_argv, shown_argv
 from pyinfra_gpunode.log import logger, printable, shown
-from pyinfra_gpunode.node_identity import node_name, shared
+from pyinfra_gpunode.node_identity import Reported, hook_name, reported, shared
 from pyinfra_gpunode.operations import _lock, containerd, platform
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._internals import (
@@ -32,7 +32,7 @@ from pyinfra_gpunode.operations._internals import (
     spawn,
 )
 from pyinfra_gpunode.operations._run_state import run_state
-from pyinfra_gpunode.operations._shared import read_afresh
+from pyinfra_gpunode.operations._shared import node_fact, read_afresh
 from pyinfra_gpunode.rollout import (
     FILES_ONLY,
     NOT_IN_ORDER,
@@ -300,17 +300,18 @@ def _hook_hostname(node: Host, settings: NodeSettings) -> tuple[str, str | None]
     hooks = (*settings["before"], *settings["after"])
     if not hooks:
         return "", None
-    name, refused = node_name(node.name, settings["node_name"], node.get_fact(NodeIdentity))
-    if refused is None or settings["node_name"]:
-        return name, refused
-    asked = any("hostname" in placeholders(arg) for arg in hooks)
-    return "", refused if asked else None  # no hook names it: GPUNODE_HOSTNAME stays empty, nothing is refused
+    return hook_name(node.name, settings["node_name"], hooks, _identity())
+
+
+def _identity() -> Reported:
+    """What the current node says it is (from its snapshot where that is current)."""
+    return node_fact(NodeIdentity) or reported("")  # None where the read failed: pyinfra fails the node
 
 
 def _identified(run: State, node: Host, name: str) -> None:
     """Record the node's hook name (``""``: none) and machine id for the rollout's check that no two nodes
     share either (``_shared_identities``)."""
-    run_state(run).identities[node.name] = (name, node.get_fact(NodeIdentity).machine_id)
+    run_state(run).identities[node.name] = (name, _identity()["machine_id"])
 
 
 def _shared_identities(run: State, names: Collection[str]) -> dict[str, str]:

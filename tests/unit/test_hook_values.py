@@ -7,6 +7,7 @@ import pytest
 
 from pyinfra_gpunode.hooks import hook_argv, hook_environment, node_name_problem
 from pyinfra_gpunode.log import shown
+from pyinfra_gpunode.node_identity import hook_name, reported
 
 
 @pytest.mark.parametrize("name", ["gpu-a17", "tn2-k8s", "ip-10-0-1-17.ec2.internal", "a", "0", "a" * 253])
@@ -53,38 +54,27 @@ def test_planned_changes_reach_the_hook_as_printable_lines() -> None:
     assert hook_argv(["kubectl", "drain", "{hostname}"], "n1", "gpu-a17") == ["kubectl", "drain", "gpu-a17"]
 
 
-class _Node:
-    """A node whose hostname fact answers ``name`` and counts the reads."""
-
-    def __init__(self, name: str) -> None:
-        self.name, self.reads = name, 0
-
-    def get_fact(self, _fact: object) -> str:
-        self.reads += 1
-        return self.name
-
-
 @pytest.mark.parametrize(
-    ("before", "name", "expected", "reads"),
+    ("hooks", "name", "expected"),
     [
-        ([], "gpu-b", ("", None), 0),  # no hook: nothing read
-        (["kubectl", "drain", "{node}"], "gpu-b", ("gpu-b", None), 1),  # GPUNODE_HOSTNAME set all the same
-        (["kubectl", "drain", "{hostname}"], "gpu-b", ("gpu-b", None), 1),
-        (["kubectl", "drain", "{node}"], "GPU-B", ("", None), 1),  # no hook names it: not refused, not given
+        (["kubectl", "drain", "{node}"], "gpu-b", ("gpu-b", None)),  # GPUNODE_HOSTNAME set all the same
+        (["kubectl", "drain", "{hostname}"], "gpu-b", ("gpu-b", None)),
+        (["kubectl", "drain", "{node}"], "gpu_b", ("", None)),  # no hook names it: not refused, not given
+        (["kubectl", "drain", "{hostname}"], "GPU-B", ("gpu-b", None)),  # lowercased, as the kubelet does
     ],
 )
 def test_every_hook_gets_the_hostname_where_it_is_a_node_name(
-    before: list[str], name: str, expected: tuple[str, None], reads: int
+    hooks: list[str], name: str, expected: tuple[str, None]
 ) -> None:
-    from pyinfra_gpunode.operations.rollout import _hook_hostname
-
-    node = _Node(name)
-    assert _hook_hostname(node, {"before": before, "after": []}) == expected  # type: ignore[arg-type, typeddict-item]
-    assert node.reads == reads
+    assert hook_name("n1", None, hooks, reported(name)) == expected
 
 
 def test_a_hostname_a_hook_names_is_refused_where_it_is_no_node_name() -> None:
+    hostname, refused = hook_name("n1", None, ["x", "{hostname}"], reported("gpu_b"))
+    assert hostname == "" and refused is not None and "not a valid Kubernetes node name" in refused
+
+
+def test_a_node_without_hooks_is_not_read() -> None:
     from pyinfra_gpunode.operations.rollout import _hook_hostname
 
-    hostname, refused = _hook_hostname(_Node("GPU-B"), {"before": [], "after": ["x", "{hostname}"]})  # type: ignore[arg-type, typeddict-item]
-    assert hostname == "" and refused is not None and "not a valid Kubernetes node name" in refused
+    assert _hook_hostname(None, {"before": [], "after": [], "node_name": "gpu-a"}) == ("", None)  # type: ignore[arg-type, typeddict-item]

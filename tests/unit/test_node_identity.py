@@ -8,7 +8,7 @@ import pytest
 
 from pyinfra_gpunode.facts.identity import NodeIdentity
 from pyinfra_gpunode.hostdata import HostDataError, validate
-from pyinfra_gpunode.node_identity import Reported, kubelet_override, machine_id, node_name, shared
+from pyinfra_gpunode.node_identity import kubelet_override, machine_id, node_name, reported, shared
 
 # kubeadm's /var/lib/kubelet/kubeadm-flags.env as `kubeadm join` writes it (kubernetes/kubernetes,
 # cmd/kubeadm/app/phases/kubelet/flags.go: KUBELET_KUBEADM_ARGS="..."), with nodeRegistration.name set.
@@ -35,10 +35,10 @@ def test_a_machine_id_is_32_hex_digits_or_none() -> None:
 
 
 def test_the_node_name_is_the_host_data_s_where_the_node_answers_to_it() -> None:
-    assert node_name("10.0.0.5", "gpu-a", Reported("gpu-a")) == ("gpu-a", None)
-    assert node_name("10.0.0.5", "gpu-a", Reported("GPU-A")) == ("gpu-a", None)  # the kubelet lowercases it
-    assert node_name("10.0.0.5", "gpu-a.x", Reported("gpu-a", override="gpu-a.x")) == ("gpu-a.x", None)
-    name, why = node_name("gpu-a", "gpu-a", Reported("gpu-b"))  # the node named itself after another
+    assert node_name("10.0.0.5", "gpu-a", reported("gpu-a")) == ("gpu-a", None)
+    assert node_name("10.0.0.5", "gpu-a", reported("GPU-A")) == ("gpu-a", None)  # the kubelet lowercases it
+    assert node_name("10.0.0.5", "gpu-a.x", reported("gpu-a", "gpu-a.x")) == ("gpu-a.x", None)
+    name, why = node_name("gpu-a", "gpu-a", reported("gpu-b"))  # the node named itself after another
     assert name == ""
     assert why == (
         "gpunode_node_name 'gpu-a' for gpu-a is not the node's name: it reports 'gpu-b' (hostname, kubelet "
@@ -47,9 +47,9 @@ def test_the_node_name_is_the_host_data_s_where_the_node_answers_to_it() -> None
 
 
 def test_without_host_data_the_node_s_report_is_its_name_where_valid() -> None:
-    assert node_name("10.0.0.5", None, Reported("gpu-a")) == ("gpu-a", None)
-    assert node_name("10.0.0.5", None, Reported("gpu-a", override="gpu-a.x")) == ("gpu-a.x", None)
-    name, why = node_name("10.0.0.5", None, Reported("--selector=x"))
+    assert node_name("10.0.0.5", None, reported("gpu-a")) == ("gpu-a", None)
+    assert node_name("10.0.0.5", None, reported("gpu-a", "gpu-a.x")) == ("gpu-a.x", None)
+    name, why = node_name("10.0.0.5", None, reported("--selector=x"))
     assert name == "" and why is not None and "not a valid Kubernetes node name" in why
 
 
@@ -73,4 +73,4 @@ def test_the_fact_reads_bounded_lines() -> None:
     found = NodeIdentity().process(
         ["@@hostname", "gpu-a", "@@machine_id", "4c4c4544004d3510804bb4c04f4e3732", "@@kubelet", KUBEADM_FLAGS]
     )
-    assert found == Reported("gpu-a", "gpu-a.cluster.internal", "4c4c4544004d3510804bb4c04f4e3732")
+    assert found == reported("gpu-a", "gpu-a.cluster.internal", "4c4c4544004d3510804bb4c04f4e3732")

@@ -48,6 +48,7 @@ NOT_DEFAULT: dict[str, tuple[str, Any]] = {
     "gpunode_rollout_before": ("hooks.before", ["kubectl", "drain", "{node}"]),
     "gpunode_rollout_after": ("hooks.after", ["kubectl", "uncordon", "{node}"]),
     "gpunode_hook_timeout": ("hooks.timeout", 2.5),
+    "gpunode_node_name": ("hooks.node_name", "gpu-a17"),
     "gpunode_driver_source": ("driver.source", "packages"),
     "gpunode_driver_branch": ("driver.branch", "580"),
     "gpunode_driver_version": ("driver.version", "580.126.20"),
