@@ -50,6 +50,7 @@ class K0sContainerdInfo(TypedDict):
     modes: dict[str, str]
     dump: DumpInfo | None  # config dump of /etc/k0s/containerd.toml (None: no containerd)
     processes: dict[int, str]  # containerd pid -> the unit it runs in
+    links: dict[str, str]  # symbolic links among the drop-in directory and those above it: path -> target
 
 
 def _decoded(encoded: str) -> str | None:
@@ -78,7 +79,7 @@ class K0sContainerd(FactBase[K0sContainerdInfo]):
 
     @staticmethod
     def default() -> K0sContainerdInfo:
-        return {"version": None, "texts": {}, "modes": {}, "dump": None, "processes": {}}
+        return {"version": None, "texts": {}, "modes": {}, "dump": None, "processes": {}, "links": {}}
 
     @override
     def command(self) -> str:
@@ -125,6 +126,12 @@ def process_tree(output: list[str], accepted: Callable[[str], bool]) -> K0sConta
         pid, _, unit = line.partition(" ")
         if pid.isdigit():
             processes[int(pid)] = unit.strip()
+    links = {}
+    for line in sections.get("links", []):
+        path_b64, _, target_b64 = line.partition(" ")
+        path, target = _decoded(path_b64), _decoded(target_b64)
+        if path and target is not None:
+            links[path] = target.encode(errors="surrogateescape").decode(errors="backslashreplace")
     dump = sections.get("dump", [])
     return {
         "version": ContainerdVersion().process(version) if version else None,
@@ -132,6 +139,7 @@ def process_tree(output: list[str], accepted: Callable[[str], bool]) -> K0sConta
         "modes": modes,
         "dump": _process_dump(dump) if dump else None,
         "processes": processes,
+        "links": links,
     }
 
 

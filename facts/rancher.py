@@ -56,7 +56,7 @@ class RancherContainerd(FactBase[RancherContainerdInfo]):
 
     @staticmethod
     def default() -> RancherContainerdInfo:
-        return {"version": None, "texts": {}, "modes": {}, "dump": None, "processes": {}, "log_size": 0}
+        return {"version": None, "texts": {}, "modes": {}, "dump": None, "processes": {}, "links": {}, "log_size": 0}
 
     @override
     def command(self, program: str) -> str:

@@ -282,14 +282,9 @@ class _Judge:
                 current_cri_problem=current_cri_problem,
                 mode_line=mode_line,
             )
-        links = links_in_the_way(list(writes), files["links"])
-        if links:
-            return Registration(
-                "containerd config not changed: "
-                + "; ".join(links)
-                + ": gpunode writes real files only, never through a link; "
-                "replace the link with the file or directory it points to"
-            )
+        linked = _through_links(list(writes), files["links"])
+        if linked:
+            return linked
 
         after: DumpInfo | None = yield read(
             "candidate",
@@ -331,6 +326,9 @@ class _Judge:
             return Registration(k0s.refusal(info["evidence"], layout), platform=info)
         version, texts, before = node["version"], node["texts"], node["dump"]
         assert version is not None  # layout_problem refuses a node without k0s' containerd
+        linked = _through_links([k0s.DROPIN], node["links"], info)
+        if linked:
+            return linked
         if before is None or before["error"]:
             error = before["error"] if before else "no dump"
             return Registration(f"containerd config not changed: k0s' containerd does not load {K0S_CONFIG}: {error}")
@@ -413,6 +411,9 @@ class _Judge:
         program = info["name"] or ""
         config, path = rancher_config(program), rancher.dropin_path(program)
         texts, before = node["texts"], node["dump"]
+        linked = _through_links([path], node["links"], info)
+        if linked:
+            return linked
         if before is None or before["error"]:
             error = before["error"] if before else "no dump"
             return Registration(
@@ -543,3 +544,20 @@ def cri_start_problem(
         return stopping(import_findings(missing))
     tree = load_order(resolve_tree(main_path, texts, root))
     return stopping(cri_start_findings(dump["dump"], tree, missing, version=version))
+
+
+def _through_links(
+    paths: list[str], links: dict[str, str], info: ContainerdPlatformInfo | None = None
+) -> Registration | None:
+    """A refusal where a file we would write, or a directory above it, is a symbolic link (``links``: path ->
+    target): a write would land elsewhere, and a backup of the directory would hold only the link."""
+    found = links_in_the_way(paths, links)
+    if not found:
+        return None
+    return Registration(
+        "containerd config not changed: "
+        + "; ".join(found)
+        + ": gpunode writes real files only, never through a link; "
+        "replace the link with the file or directory it points to",
+        platform=info,
+    )

@@ -201,3 +201,20 @@ def test_the_drop_in_is_written_in_the_turn_verified_kept_and_rolled_back(fleet:
     back = cri_up(fleet)
     assert back != written
     assert loaded_runtimes(fleet, back) == ["nvidia", "runc"]
+
+
+def test_a_drop_in_directory_that_is_a_link_is_refused_and_nothing_written(fleet: Fleet) -> None:
+    pid = k0s_node(fleet)
+    sh(fleet, "rmdir /etc/k0s/containerd.d && mkdir /srv/k0s-dropins && ln -s /srv/k0s-dropins /etc/k0s/containerd.d")
+    refusal = (
+        "containerd config not changed: /etc/k0s/containerd.d is a symbolic link to /srv/k0s-dropins: gpunode "
+        "writes real files only, never through a link"
+    )
+
+    plan = deploy(fleet, "--dry")
+    assert refusal in plan.stdout, plan.stdout
+    run = deploy(fleet, "-y")
+    assert run.returncode != 0 and refusal in run.stdout, run.stdout
+    assert sh(fleet, "ls -A /srv/k0s-dropins; readlink /etc/k0s/containerd.d").split() == ["/srv/k0s-dropins"]
+    assert sh(fleet, "ls -A /var/lib/pyinfra-gpunode/backup 2>/dev/null || true").strip() == ""
+    assert worker_pid(fleet) == pid

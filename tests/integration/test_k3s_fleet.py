@@ -411,3 +411,22 @@ def test_rke2_on_containerd_2_takes_host_data_by_a_drop_in_in_the_turn(fleet: Fl
     assert settled.returncode == 0, settled.stdout
     assert f"{DROPIN} sets nothing" in settled.stdout, settled.stdout
     assert agent_pid(fleet, layout) == plain
+
+
+def test_rke2_s_drop_in_directory_that_is_a_link_is_refused(fleet: Fleet) -> None:
+    layout = BY_ID["rke2"]
+    first = agent_node(fleet, layout)
+    put(fleet, layout, TOOLKIT, TOOLKIT_STAND_IN, mode="755")
+    sh(fleet, layout, f"systemctl restart {layout.unit}")
+    pid = cri_up(fleet, layout, other_than=first)
+    sh(fleet, layout, f"mkdir -p /srv/dropins && rm -rf {DROPINS} && ln -s /srv/dropins {DROPINS}")
+    data = ("--data", "gpunode_nvidia_default_runtime=true")
+
+    run = deploy(fleet, layout, "-y", *data)
+    assert run.returncode != 0, run.stdout
+    assert (
+        f"containerd config not changed: {DROPINS} is a symbolic link to /srv/dropins: gpunode writes real files "
+        "only, never through a link"
+    ) in run.stdout, run.stdout
+    assert sh(fleet, layout, "ls -A /srv/dropins").strip() == ""
+    assert agent_pid(fleet, layout) == pid
