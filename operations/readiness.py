@@ -83,7 +83,8 @@ def reported(
         except PyinfraError:
             raise  # pyinfra's own: a connection or command failure, which fails this node as it should
         except Exception as error:  # a node's answer no check foresaw fails that node's report, not the run
-            report = unjudged(host.name, f"{type(error).__name__}: {error}")
+            failed_read = host in run.failed_hosts  # pyinfra failed it and handed on a default value
+            report = unjudged(host.name, FAILED_READ if failed_read else f"{type(error).__name__}: {error}")
         report.read_at = _now()
         reports[host.name] = report
         _print_when_complete(run, reports, json_path)
@@ -93,6 +94,9 @@ def reported(
         host.noop(f"node is {'ready' if first is None else 'not ready at ' + first.id}")
     elif state.is_executing:
         yield fail(f"node not ready at {first.id}: {without_controls(first.cause or first.detail)}")
+
+
+FAILED_READ = "a read of this node failed (pyinfra printed its error above)"
 
 
 def _readiness_facts(binary: str, cdi_spec_dirs: list[str] | None) -> NodeReadinessInfo:

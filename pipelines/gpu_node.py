@@ -55,6 +55,7 @@ from pyinfra_gpunode.operator import (
     runtime_writers,
     take_over_note,
 )
+from pyinfra_gpunode.pipelines._boundary import node_boundary
 from pyinfra_gpunode.platform import requests_of
 from pyinfra_gpunode.rollout import NodeReport, RolloutPolicy, rollout_order
 from pyinfra_gpunode.settings import Settings
@@ -122,7 +123,8 @@ def nvidia_runtime_registered(settings: Settings | None = None) -> None:
     with the reason before anything runs on it.
     """
     try:
-        _register(settings)
+        with node_boundary("the containerd runtime"):
+            _register(settings)
     finally:
         _arrived()
 
@@ -369,8 +371,15 @@ def gpu_node_prepared() -> None:
     reloads systemd and starts the CDI refresh); their packages are downloaded before the first turn,
     and the turn installs them without downloading. Everything else runs on all nodes at once. A node
     whose host data is refused, or whose containerd a platform owns (k3s, RKE2, k0s, EKS
-    nodeadm), fails with the reason before anything runs on it.
+    nodeadm), fails with the reason before anything runs on it; so does a node whose data no check
+    foresaw (the others are planned and run).
     """
+    with node_boundary("the GPU node"):
+        _prepare()
+    _arrived()  # a node failed before its rollout step still counts as arrived for the plan
+
+
+def _prepare() -> None:
     settings, error = _checked_settings()
     kind = node_fact(NodeKind)  # distribution and GPUs, with everything else the steps read
     if distribution.refusal(kind["distribution"]["release_meta"]):

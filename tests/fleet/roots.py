@@ -173,7 +173,20 @@ def writable_copy(lower: Path, directory: Path) -> Iterator[Path]:
     try:
         yield merged
     finally:
-        subprocess.run(["umount", str(merged)], check=True)
+        unmounted(merged)
+
+
+def unmounted(path: Path, within: float = 15) -> None:
+    """``path`` unmounted, waiting up to ``within`` seconds while it is busy: a run that ended abruptly may
+    leave a program in the root that ends by its own time limit (a ``timeout``-bounded read)."""
+    deadline = time.monotonic() + within
+    while True:
+        result = subprocess.run(["umount", str(path)], capture_output=True, text=True)
+        if result.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"umount {path}: {result.stderr.strip()}")
+        time.sleep(0.2)
 
 
 @contextmanager
