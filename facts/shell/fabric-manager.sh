@@ -6,7 +6,7 @@
 # Exit status: 0.
 mark=$1 format=$2
 echo "${mark}fm_packages"
-dpkg-query -W -f="$format" 'nvidia-fabricmanager*' 'libnvidia-nscq*' 2>/dev/null
+dpkg-query -W -f="$format" 'nvidia-fabricmanager*' 'libnvidia-nscq*' 2>/dev/null | head -n 200 | cut -b 1-1000
 echo "${mark}fm_unit"
 if command -v systemctl >/dev/null 2>&1; then
     echo "active=$(systemctl is-active nvidia-fabricmanager.service 2>/dev/null)"
