@@ -35,12 +35,13 @@ from pyinfra_gpunode.facts.nvml import NvmlInfo, NvmlInfoDict
 from pyinfra_gpunode.facts.operator import GpuOperatorInfo, GpuOperatorState
 from pyinfra_gpunode.facts.toolkit import NvidiaContainerToolkit, ToolkitInfo
 from pyinfra_gpunode.platform import PlatformContainerd, platform_containerd
+from pyinfra_gpunode.read_limits import JOURNAL_SECONDS
 from pyinfra_gpunode.readiness import DEVICE_PLUGIN_DIR, VALIDATIONS_DIR
 from pyinfra_gpunode.sections import marker, split_parts, split_sections
 
 PART = "@@gpunode-readiness:"
 _HAS = "command -v {} >/dev/null 2>&1"
-_JOURNAL = "journalctl --no-pager -q -o short-iso-precise"
+_JOURNAL = f"timeout {JOURNAL_SECONDS} journalctl --no-pager -q -o short-iso-precise"
 
 # Print where the kernel's log was read, the count of NVIDIA Xid events and the last ten (shell/xid-events.sh).
 XID_SCRIPT = shell.command(shell.script(Path(__file__).parent / "shell" / "xid-events.sh"), "gpunode-xid-events")

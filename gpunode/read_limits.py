@@ -14,6 +14,8 @@ VERSION_SECONDS = 10  # containerd --version
 DUMP_SECONDS = 60  # containerd config dump, of the node's files or of a candidate tree (dump_seconds)
 DUMP_SECONDS_RANGE = (1, 3600)
 APT_SECONDS = 300  # apt-cache madison, apt-get --print-uris
+JOURNAL_SECONDS = 30  # a journal read (containerd's signals, its CRI lines, the kernel's Xid events): what it
+# found by then is what is judged (the shell programs write the same number: a journal read never fails a node)
 DUMP_BYTES = node_toml.MAX_BYTES + 1  # of a dump's output: one byte more than node_toml reads, so it says so
 TIMED_OUT = 124  # timeout's exit status for a program it ended
 

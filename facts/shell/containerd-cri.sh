@@ -13,7 +13,7 @@ mark=$1 lines=$2 address=$3 unit=$4 log=$5 limit=$6
 echo "${mark}journal"
 id=$(systemctl show -p InvocationID --value "$unit" 2>/dev/null)
 j=
-if [ -n "$id" ]; then j=$(journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | grep -E "$lines" | tail -n 20); fi
+if [ -n "$id" ]; then j=$(timeout 30 journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" | grep -E "$lines" | tail -n 20); fi
 if [ -z "$j" ] && [ -n "$log" ] && [ -f "$log" ] && [ -r "$log" ]; then
     j=$(tail -c "$limit" "$log" | grep -E "$lines" | tail -n 1)
 fi

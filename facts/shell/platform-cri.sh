@@ -15,7 +15,7 @@ export PATH
 echo "${mark}journal"
 case $source in
 pid)
-    journalctl --no-pager -o cat _PID="$7" 2>/dev/null | grep -E "$lines"
+    timeout 30 journalctl --no-pager -o cat _PID="$7" 2>/dev/null | grep -E "$lines" | tail -n 20
     ;;
 log)
     log=$7 offset=$8

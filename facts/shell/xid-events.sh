@@ -7,7 +7,7 @@
 # Exit status: 0.
 if command -v journalctl >/dev/null 2>&1 && [ -n "$(journalctl -k -b -n 1 --no-pager -q 2>/dev/null)" ]; then
     echo source=journal
-    journalctl --no-pager -q -o short-iso-precise -k -b
+    timeout 30 journalctl --no-pager -q -o short-iso-precise -k -b
 elif dmesg >/dev/null 2>&1; then
     echo source=dmesg
     dmesg
