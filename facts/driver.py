@@ -52,6 +52,9 @@ class NvidiaHostStateInfo(TypedDict):
     packages: dict[str, PackageStatus]
     module_built: bool
     built_module_version: str | None
+    boot_kernel: str | None  # the kernel the node boots next (its /vmlinuz link), None where none is named
+    boot_module_built: bool  # an NVIDIA module file exists for it
+    boot_module_version: str | None  # modinfo's version of its nvidia module
 
 
 _SHELL = Path(__file__).parent / "shell"
@@ -145,7 +148,9 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
     Manager (as ``NvidiaFabricManager``), the installed driver-related packages, whether
     an NVIDIA module file exists for the running kernel (``module_built``), and the version of
     the ``nvidia`` module ``modinfo`` finds for the running kernel (``built_module_version``;
-    Debian's renamed ``nvidia-current`` too), None without one.
+    Debian's renamed ``nvidia-current`` too), None without one; the same for the kernel the
+    node boots next (``boot_kernel``, from the ``/vmlinuz`` or ``/boot/vmlinuz`` link:
+    ``boot_module_built``, ``boot_module_version``).
 
     .. code:: python
 
@@ -161,6 +166,7 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
             "packages": {"nvidia-driver": {"version": "550.163.01-2", "held": True}},
             "module_built": True,
             "built_module_version": "550.163.01",
+            "boot_kernel": "6.12.117+deb13-amd64", "boot_module_built": True, "boot_module_version": "550.163.01",
         }
     """
 
@@ -208,7 +214,13 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
             "fabric_manager": parse_fabric_manager(sections),
             "packages": dict(sorted(parse_dpkg_status(sections.get("packages", [])).items())),
             "module_built": any(line.strip() for line in sections.get("kmod", [])),
-            "built_module_version": next(
-                (line.strip() for line in sections.get("kmod_version", []) if line.strip()), None
-            ),
+            "built_module_version": _first(sections.get("kmod_version", [])),
+            "boot_kernel": _first(sections.get("boot_release", [])),
+            "boot_module_built": any(line.strip() for line in sections.get("boot_kmod", [])),
+            "boot_module_version": _first(sections.get("boot_kmod_version", [])),
         }
+
+
+def _first(lines: list[str]) -> str | None:
+    """The first line that is not blank, stripped, or None."""
+    return next((line.strip() for line in lines if line.strip()), None)

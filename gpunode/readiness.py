@@ -25,6 +25,7 @@ from pyinfra_gpunode.containerd_support import support_warning
 from pyinfra_gpunode.driver_versions import same_driver, upstream_version
 from pyinfra_gpunode.gpu_queries import NVML_SECONDS, SMI_SECONDS
 from pyinfra_gpunode.log import without_controls
+from pyinfra_gpunode.next_boot import module_warning
 from pyinfra_gpunode.operator import (
     DRIVER_ROOT,
     OPERATOR,
@@ -895,7 +896,8 @@ def assess(
         _device_plugin(facts),
     ]
     support = support_warning(facts["containerd"]["version"], today) if today else None
-    return NodeReadiness(node, links, _versions(facts), [*([support] if support else []), *_lost_settings(facts)])
+    warnings = [*([support] if support else []), *_lost_settings(facts), *_next_boot(facts)]
+    return NodeReadiness(node, links, _versions(facts), warnings)
 
 
 def _lost_settings(facts: NodeReadinessInfo) -> list[str]:
@@ -907,6 +909,16 @@ def _lost_settings(facts: NodeReadinessInfo) -> list[str]:
         return []
     lost = lost_settings(dump["dump"], cast(list[ConfigFile], _load_order(state["files"])))
     return [f"containerd's merged config loses what its files set: {'; '.join(lost)}"] if lost else []
+
+
+def _next_boot(facts: NodeReadinessInfo) -> list[str]:
+    """A warning where the nvidia module will not load, or not match, once the node boots its next kernel."""
+    host = facts["host"]
+    warning = module_warning(
+        host["kernel"], host.get("boot_kernel"), host["module_built"], host.get("boot_module_built", False),
+        host.get("boot_module_version"), host["driver"]["userspace_version"],
+    )  # fmt: skip
+    return [warning] if warning else []
 
 
 def unjudged(node: str, error: str) -> NodeReadiness:

@@ -19,13 +19,14 @@ from pyinfra.api import State, deploy
 from pyinfra_gpunode.driver_plan import DriverRequestError, requested
 from pyinfra_gpunode.driver_versions import same_driver
 from pyinfra_gpunode.facts.containerd import ContainerdNodeState
-from pyinfra_gpunode.facts.driver import NvidiaDriver
+from pyinfra_gpunode.facts.driver import NvidiaDriver, NvidiaHostState
 from pyinfra_gpunode.facts.node import NodeKind
 from pyinfra_gpunode.facts.operator import GpuOperatorInfo, GpuOperatorState
 from pyinfra_gpunode.hooks import HOOK_KEYS, check_hook
 from pyinfra_gpunode.hostdata import HostDataError, rollout_settings, world_writable_warnings
 from pyinfra_gpunode.hostdata import settings as settings_of
 from pyinfra_gpunode.log import logger
+from pyinfra_gpunode.next_boot import module_warning
 from pyinfra_gpunode.operations import (
     cdi,
     distribution,
@@ -261,6 +262,19 @@ def _checked_settings(gpu: bool = True) -> tuple[Settings | None, str]:
     return None, error
 
 
+def _next_boot_warned() -> None:
+    """The plan says where the nvidia module will not load, or not match, once the node boots its next kernel
+    (no driver change is planned to mend it); the summary lists it as pending."""
+    found = node_fact(NvidiaHostState)
+    warning = module_warning(
+        found["kernel"], found["boot_kernel"], found["module_built"], found["boot_module_built"],
+        found["boot_module_version"], found["driver"]["userspace_version"],
+    )  # fmt: skip
+    if warning:
+        logger.warning("%splan: %s", host.print_prefix, warning)
+        _report().pending.append(f"next boot: {warning}")
+
+
 def _preinstalled(settings: Settings) -> bool:
     """Whether this node keeps its own driver (read before any step; the driver step changes nothing then)."""
     return driver.decision(settings.driver, planned=False).source == "preinstalled"
@@ -406,6 +420,7 @@ def _prepare() -> None:
             turns = run_state(current_state()).driver_turns
             turns[host.name] = (changes, partial(_gpu_steps, settings, in_turn=True))
         else:
+            _next_boot_warned()
             _gpu_steps(settings)
     else:
         _report().skipped.append("driver, Fabric Manager, toolkit, CDI: no NVIDIA GPU")

@@ -108,6 +108,16 @@ def with_stale_device_plugin_spec(root: Path) -> None:
     write(root, "/run/cdi/k8s.device-plugin.nvidia.com-gpu.json", json.dumps(spec))
 
 
+NEXT_KERNEL = "9.9.9-next-amd64"
+
+
+def with_next_kernel_unbuilt(root: Path) -> None:
+    """Mid-upgrade: /vmlinuz names a kernel the node boots next, with no nvidia module built for it (and the
+    validator's toolkit check not passed, so that the node breaks a link of its own)."""
+    gpu_node(root, markers=("driver-ready",))
+    (root / "vmlinuz").symlink_to(f"boot/vmlinuz-{NEXT_KERNEL}")
+
+
 # name -> (planting, first broken link or None when ready, a part of its cause)
 NODES: dict[str, tuple[Callable[[Path], None], str | None, str]] = {
     "ready": (gpu_node, None, ""),
@@ -145,7 +155,7 @@ NODES: dict[str, tuple[Callable[[Path], None], str | None, str]] = {
         "this NVSwitch node has no nvidia-fabricmanager package",
     ),
     "validator": (
-        lambda root: gpu_node(root, markers=("driver-ready",)), "validator:toolkit-ready",
+        with_next_kernel_unbuilt, "validator:toolkit-ready",
         "the GPU Operator's validator has not passed its toolkit check on this node",
     ),
     "plugin": (
@@ -222,6 +232,14 @@ def test_each_planted_broken_link_is_named_with_its_cause_and_nothing_changes(
     nvml = nodes[f"@chroot/{roots['nvml_error']}"]["cause"].rsplit(" ", 1)[-1]
     assert nvml in ("DriverNotLoaded", "NoPermission", "Unknown"), nvml  # no GPU device in a chroot
     ready = nodes[f"@chroot/{roots['ready']}"]
+    assert not any("boots next" in warning for warning in ready["warnings"]), ready["warnings"]
+    (next_boot,) = [w for w in nodes[f"@chroot/{roots['validator']}"]["warnings"] if "boots next" in w]
+    assert next_boot.startswith("the nvidia module is built for the running kernel ") and next_boot.endswith(
+        f"but not for {NEXT_KERNEL}, the kernel this node boots next: after a reboot no nvidia module loads (build "
+        f"it for {NEXT_KERNEL}: `dkms autoinstall -k {NEXT_KERNEL}` with its linux-headers installed, or install "
+        "the driver's precompiled module package for it)"
+    ), next_boot
+    assert f"  warning: {next_boot}\n" in run.stdout
     states = {found["id"]: found["state"] for found in ready["links"]}
     assert states["containerd_running"] == "unknown"  # a chroot has no running daemon
     assert [states[f"validator:{marker}"] for marker in MARKERS] == ["ok"] * 4

@@ -1,0 +1,40 @@
+"""Whether the NVIDIA module will load after the node's next reboot (no I/O).
+
+A node mid-upgrade runs one kernel and boots another next (its ``/vmlinuz`` link names it). DKMS builds
+for the kernels whose headers are installed; a module built only for the running kernel works until the
+reboot, when no nvidia module loads and the node serves no GPU. Said before it bites: in the readiness
+report's warnings and in the deploy's plan.
+"""
+
+from __future__ import annotations
+
+from pyinfra_gpunode.driver_versions import same_driver
+from pyinfra_gpunode.log import without_controls
+
+
+def module_warning(
+    running: str | None,
+    boot: str | None,
+    module_built: bool,
+    boot_module_built: bool,
+    boot_version: str | None,
+    userspace: str | None,
+) -> str | None:
+    """Why the nvidia module may not load once the node boots ``boot`` (it runs ``running``), or None: no
+    other kernel is next, or no module is built for the running kernel either (that is said elsewhere)."""
+    if not boot or not running or boot == running or not module_built:
+        return None
+    boot, running = without_controls(boot), without_controls(running)
+    if not boot_module_built:
+        return (
+            f"the nvidia module is built for the running kernel {running} but not for {boot}, the kernel this node "
+            f"boots next: after a reboot no nvidia module loads (build it for {boot}: `dkms autoinstall -k {boot}` "
+            "with its linux-headers installed, or install the driver's precompiled module package for it)"
+        )
+    if boot_version and userspace and not same_driver(boot_version, userspace):
+        return (
+            f"the nvidia module built for {boot}, the kernel this node boots next, is {without_controls(boot_version)} "
+            f"but the userspace library is {without_controls(userspace)}: after a reboot NVML fails with a "
+            "driver/library version mismatch"
+        )
+    return None
