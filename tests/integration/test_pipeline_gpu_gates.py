@@ -241,3 +241,27 @@ def test_a_turns_packages_are_downloaded_before_the_rollout_on_its_node_only() -
     assert "NVIDIA Container Toolkit: installed and held" not in turn  # in its turn, not here
     kept = steps(*fake_host("gpu3", LOADED))
     assert "NVIDIA Container Toolkit: installed and held" in kept and not set(downloads) & set(kept), kept
+
+
+def test_a_module_missing_for_the_next_kernel_is_planned_and_pending(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="pyinfra.gpunode")
+    target, data = fake_host("gpu3", LOADED)
+    responses = data["fake_responses"]
+    following = "6.12.120+deb13-amd64"  # /vmlinuz already names it; DKMS built for the running kernel only
+    boot = ["@@boot_release", following, "@@boot_kmod", "@@boot_kmod_version"]
+    responses[NvidiaHostState().command()] = [*responses[NvidiaHostState().command()], *boot]
+    responses.update(snapshot(responses))
+    state = State(inventory=Inventory(([(target, data)], {})), config=Config())
+    connect_all(state)
+    try:
+        add_deploy(state, gpu_node_prepared)
+    finally:
+        disconnect_all(state)
+
+    warning = (
+        f"the nvidia module is built for the running kernel 6.12.117+deb13-amd64 but not for {following}, the "
+        "kernel this node boots next: after a reboot no nvidia module loads"
+    )
+    assert any(f"plan: {warning}" in record.getMessage() for record in caplog.records), caplog.text
+    (pending,) = run_state(state).reports[target].pending
+    assert pending.startswith(f"next boot: {warning}")
