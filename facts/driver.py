@@ -75,6 +75,7 @@ DRIVER_PACKAGE_PATTERNS = (
     "linux-signatures-nvidia-*",
     "linux-headers-*",
     "firmware-nvidia-*",
+    "libcuda*",
 )
 
 

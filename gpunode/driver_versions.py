@@ -8,6 +8,8 @@ comparisons use the numeric tuple.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 _VERSION = re.compile(r"^\d+(?:\.\d+){1,2}$")
 _BRANCH = re.compile(r"^\d{3}$")
@@ -78,3 +80,26 @@ def upstream_version(debian_version: str) -> str:
     """The upstream part of a Debian package version: ``580.126.20-0ubuntu0.24.04.2`` -> ``580.126.20``."""
     text = debian_version.split(":", 1)[-1]
     return text.rsplit("-", 1)[0] if "-" in text else text
+
+
+def mixed_userspace(packages: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """Why the installed NVIDIA userspace libraries (``libnvidia-*`` but the container toolkit's, ``libcuda*``;
+    ``packages``: name -> its ``version``) are not of one driver version, or None. A library of another
+    driver than the rest fails whatever loads both (CUDA beside NVML, an X/EGL stack beside compute)."""
+    versions: dict[str, list[str]] = {}
+    for name, found in sorted(packages.items()):
+        if not (name.startswith("libcuda") or name.startswith("libnvidia-")) or name.startswith("libnvidia-container"):
+            continue
+        upstream = upstream_version(str(found.get("version", "")))
+        if is_driver_version(upstream) and len(upstream.split(".")[0]) == 3:  # not a CUDA library's 12.4.127
+            versions.setdefault(upstream, []).append(name)
+    if len(versions) < 2:
+        return None
+    shown = "; ".join(
+        f"{version}: {', '.join(names[:3])}{', …' if len(names) > 3 else ''}"
+        for version, names in sorted(versions.items(), key=lambda item: version_key(item[0]))
+    )
+    return (
+        f"the NVIDIA userspace libraries are of {len(versions)} driver versions ({shown}): a program that loads "
+        "two of them fails; install one driver's whole set and hold it"
+    )

@@ -22,7 +22,7 @@ from pyinfra_gpunode.containerd_dump import CTR, nri_state
 from pyinfra_gpunode.containerd_files import ConfigFile
 from pyinfra_gpunode.containerd_losses import lost_settings
 from pyinfra_gpunode.containerd_support import support_warning
-from pyinfra_gpunode.driver_versions import same_driver, upstream_version
+from pyinfra_gpunode.driver_versions import mixed_userspace, same_driver, upstream_version
 from pyinfra_gpunode.gpu_queries import NVML_SECONDS, SMI_SECONDS
 from pyinfra_gpunode.log import without_controls
 from pyinfra_gpunode.next_boot import module_warning
@@ -896,7 +896,7 @@ def assess(
         _device_plugin(facts),
     ]
     support = support_warning(facts["containerd"]["version"], today) if today else None
-    warnings = [*([support] if support else []), *_lost_settings(facts), *_next_boot(facts)]
+    warnings = [*([support] if support else []), *_lost_settings(facts), *_driver_skew(facts)]
     return NodeReadiness(node, links, _versions(facts), warnings)
 
 
@@ -911,14 +911,18 @@ def _lost_settings(facts: NodeReadinessInfo) -> list[str]:
     return [f"containerd's merged config loses what its files set: {'; '.join(lost)}"] if lost else []
 
 
-def _next_boot(facts: NodeReadinessInfo) -> list[str]:
-    """A warning where the nvidia module will not load, or not match, once the node boots its next kernel."""
+def _driver_skew(facts: NodeReadinessInfo) -> list[str]:
+    """Warnings of a driver that works now but is out of step: the nvidia module will not load, or not match,
+    once the node boots its next kernel; the userspace libraries are of two driver versions."""
     host = facts["host"]
-    warning = module_warning(
-        host["kernel"], host.get("boot_kernel"), host["module_built"], host.get("boot_module_built", False),
-        host.get("boot_module_version"), host["driver"]["userspace_version"],
-    )  # fmt: skip
-    return [warning] if warning else []
+    warnings = [
+        module_warning(
+            host["kernel"], host.get("boot_kernel"), host["module_built"], host.get("boot_module_built", False),
+            host.get("boot_module_version"), host["driver"]["userspace_version"],
+        ),
+        mixed_userspace(host["packages"]),
+    ]  # fmt: skip
+    return [warning for warning in warnings if warning]
 
 
 def unjudged(node: str, error: str) -> NodeReadiness:

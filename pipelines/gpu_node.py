@@ -17,7 +17,7 @@ from pyinfra import host
 from pyinfra.api import State, deploy
 
 from pyinfra_gpunode.driver_plan import DriverRequestError, requested
-from pyinfra_gpunode.driver_versions import same_driver
+from pyinfra_gpunode.driver_versions import mixed_userspace, same_driver
 from pyinfra_gpunode.facts.containerd import ContainerdNodeState
 from pyinfra_gpunode.facts.driver import NvidiaDriver, NvidiaHostState
 from pyinfra_gpunode.facts.node import NodeKind
@@ -262,17 +262,20 @@ def _checked_settings(gpu: bool = True) -> tuple[Settings | None, str]:
     return None, error
 
 
-def _next_boot_warned() -> None:
-    """The plan says where the nvidia module will not load, or not match, once the node boots its next kernel
-    (no driver change is planned to mend it); the summary lists it as pending."""
+def _driver_skew_warned() -> None:
+    """The plan says where the driver works now but is out of step (no driver change is planned to mend
+    it): the nvidia module will not load, or not match, once the node boots its next kernel; the userspace
+    libraries are of two driver versions. The summary lists each as pending."""
     found = node_fact(NvidiaHostState)
-    warning = module_warning(
+    boot = module_warning(
         found["kernel"], found["boot_kernel"], found["module_built"], found["boot_module_built"],
         found["boot_module_version"], found["driver"]["userspace_version"],
     )  # fmt: skip
-    if warning:
-        logger.warning("%splan: %s", host.print_prefix, warning)
-        _report().pending.append(f"next boot: {warning}")
+    mixed = mixed_userspace(found["packages"])
+    for what, warning in (("next boot", boot), ("userspace", mixed)):
+        if warning:
+            logger.warning("%splan: %s", host.print_prefix, warning)
+            _report().pending.append(f"{what}: {warning}")
 
 
 def _preinstalled(settings: Settings) -> bool:
@@ -420,7 +423,7 @@ def _prepare() -> None:
             turns = run_state(current_state()).driver_turns
             turns[host.name] = (changes, partial(_gpu_steps, settings, in_turn=True))
         else:
-            _next_boot_warned()
+            _driver_skew_warned()
             _gpu_steps(settings)
     else:
         _report().skipped.append("driver, Fabric Manager, toolkit, CDI: no NVIDIA GPU")

@@ -116,6 +116,15 @@ def with_next_kernel_unbuilt(root: Path) -> None:
     validator's toolkit check not passed, so that the node breaks a link of its own)."""
     gpu_node(root, markers=("driver-ready",))
     (root / "vmlinuz").symlink_to(f"boot/vmlinuz-{NEXT_KERNEL}")
+    # dpkg's own database names two driver versions among the userspace libraries
+    status = root / "var/lib/dpkg/status"
+    stanzas = "".join(
+        f"Package: {name}\nStatus: install ok installed\nPriority: optional\nSection: non-free/libs\n"
+        f"Maintainer: Debian NVIDIA Maintainers <pkg-nvidia-devel@lists.alioth.debian.org>\nArchitecture: amd64\n"
+        f"Version: {version}\nDescription: {name}\n\n"
+        for name, version in (("libnvidia-ml1", f"{DRIVER}-2"), ("libcuda1", f"{OTHER}-1"))
+    )
+    status.write_text(status.read_text().rstrip("\n") + "\n\n" + stanzas)
 
 
 # name -> (planting, first broken link or None when ready, a part of its cause)
@@ -240,6 +249,10 @@ def test_each_planted_broken_link_is_named_with_its_cause_and_nothing_changes(
         "the driver's precompiled module package for it)"
     ), next_boot
     assert f"  warning: {next_boot}\n" in run.stdout
+    (mixed,) = [w for w in nodes[f"@chroot/{roots['validator']}"]["warnings"] if "userspace libraries" in w]
+    assert mixed.startswith(
+        f"the NVIDIA userspace libraries are of 2 driver versions ({OTHER}: libcuda1; {DRIVER}: "
+    ), mixed
     states = {found["id"]: found["state"] for found in ready["links"]}
     assert states["containerd_running"] == "unknown"  # a chroot has no running daemon
     assert [states[f"validator:{marker}"] for marker in MARKERS] == ["ok"] * 4

@@ -3,6 +3,7 @@ of another version than the userspace library; nothing where no other kernel is 
 
 from __future__ import annotations
 
+from pyinfra_gpunode.driver_versions import mixed_userspace
 from pyinfra_gpunode.next_boot import module_warning
 
 RUNNING, NEXT = "6.12.48+deb13-amd64", "6.12.57+deb13-amd64"
@@ -31,3 +32,25 @@ def test_nothing_is_said_without_another_kernel_next_or_without_any_module() -> 
 def test_a_kernel_name_with_control_characters_is_shown_printable() -> None:
     warning = module_warning(RUNNING, "6.12\x1b[31m", True, False, None, None)
     assert warning is not None and "\x1b" not in warning
+
+
+def test_userspace_libraries_of_two_driver_versions_are_named() -> None:
+    packages = {
+        "libnvidia-ml1": {"version": "550.163.01-2", "held": True},
+        "libcuda1": {"version": "535.247.01-1~deb12u1", "held": False},
+        "libnvidia-ptxjitcompiler1": {"version": "550.163.01-2", "held": True},
+        "libnvidia-container1": {"version": "1.17.8-1", "held": False},  # the toolkit's: its own version
+        "libcudart12": {"version": "12.4.127-1", "held": False},  # CUDA's: its own version
+        "nvidia-modprobe": {"version": "550.54.14-1", "held": False},  # not a library of the set
+        "libnvidia-egl-wayland1": {"version": "1:1.1.13-1", "held": False},
+    }
+    assert mixed_userspace(packages) == (
+        "the NVIDIA userspace libraries are of 2 driver versions (535.247.01: libcuda1; 550.163.01: "
+        "libnvidia-ml1, libnvidia-ptxjitcompiler1): a program that loads two of them fails; install one driver's "
+        "whole set and hold it"
+    )
+    del packages["libcuda1"]
+    assert mixed_userspace(packages) is None
+    ubuntu = {"libnvidia-compute-580": {"version": "580.126.20-0ubuntu0.24.04.2", "held": True},
+              "libnvidia-gl-580": {"version": "580.126.20-0ubuntu0.24.04.2", "held": True}}  # fmt: skip
+    assert mixed_userspace(ubuntu) is None
