@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TypedDict, cast
 
@@ -10,7 +9,7 @@ from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 from typing_extensions import override
 
-from pyinfra_gpunode import shell
+from pyinfra_gpunode import node_json, shell
 from pyinfra_gpunode.gpu_queries import NVML_SECONDS
 
 
@@ -118,7 +117,7 @@ class NvmlInfo(FactBase[NvmlInfoDict | None]):
         if not text:
             return None
         try:
-            value = json.loads(text.splitlines()[-1])
-        except json.JSONDecodeError as exc:
+            value = node_json.loads(text.splitlines()[-1])
+        except ValueError as exc:
             raise FactProcessError(f"NVML query printed no JSON: {exc}") from exc
         return cast(NvmlInfoDict, value) if isinstance(value, dict) else None

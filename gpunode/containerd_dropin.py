@@ -41,7 +41,7 @@ from typing import Any
 import tomlkit
 from jinja2 import Environment, StrictUndefined
 
-from pyinfra_gpunode import node_toml
+from pyinfra_gpunode import node_json, node_toml
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, load_order, parsed, resolve_tree
 from pyinfra_gpunode.log import CONTROL, without_controls
 from pyinfra_gpunode.settings import CONTAINERD_MODE, DROPIN_DIR, RUNTIME_BINARY
@@ -221,7 +221,7 @@ def carried_from(text: str | None) -> dict[str, str] | None:
             continue
         found = found if found is not None else {}
         try:
-            entry = json.loads(line[len(PROVENANCE) :])
+            entry = node_json.loads(line[len(PROVENANCE) :])
         except ValueError:
             continue
         if (

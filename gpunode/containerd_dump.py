@@ -6,12 +6,12 @@ and uses ``io.containerd.cri.v1.runtime`` and ``io.containerd.cri.v1.images``.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections.abc import Collection
 from typing import Any, TypedDict
 
+from pyinfra_gpunode import node_json
 from pyinfra_gpunode.containerd_dropin import (
     CRI_V2,
     CRI_V3_IMAGES,
@@ -316,19 +316,30 @@ def _cri_loaded(
     }
 
 
+def _table(value: Any) -> dict[str, Any]:
+    """``value`` where it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
 def _parse_cri_line(line: str) -> CriLoaded | None:
     failed = _CRI_FAILED.search(line) or _CRI_FAILED_2X.search(line)
     if failed:
         return _cri_loaded(False, error=failed.group(1).replace('\\"', '"'))
     json_config = _JSON_CONFIG.search(line)
     if json_config:
-        config = json.loads(json_config.group(1).encode().decode("unicode_escape"))
-        containerd = config.get("containerd", {})
+        try:  # the node's journal line: any JSON at all, or none
+            config = node_json.loads(json_config.group(1).encode().decode("unicode_escape"))
+        except ValueError:
+            return None
+        config = _table(config)
+        containerd = _table(config.get("containerd"))
+        runtimes = _table(containerd.get("runtimes"))
+        default, cdi = containerd.get("defaultRuntimeName"), config.get("enableCDI")
         return _cri_loaded(
             True,
-            runtimes=list(containerd.get("runtimes", {})),
-            default_runtime_name=containerd.get("defaultRuntimeName"),
-            enable_cdi=config.get("enableCDI"),
+            runtimes=[str(name) for name in runtimes],
+            default_runtime_name=default if isinstance(default, str) else None,
+            enable_cdi=cdi if isinstance(cdi, bool) else None,
         )
     if "Start cri plugin with config" in line:
         marker = line.find("Runtimes:map[")
