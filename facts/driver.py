@@ -24,6 +24,15 @@ from pyinfra_gpunode.gpu_queries import SMI_SECONDS
 from pyinfra_gpunode.sections import MARK, PackageStatus, dpkg_query, marker, parse_dpkg_status, split_sections
 
 
+class PersistencedUnit(TypedDict):
+    """``nvidia-persistenced.service`` as systemd knows it: ``load`` (``loaded``, ``not-found``, ``masked``),
+    ``active`` (``active``, ``inactive``, ``failed``, ...) and ``enabled`` (``enabled``, ``disabled``, ...)."""
+
+    load: str | None
+    active: str | None
+    enabled: str | None
+
+
 class DriverInfo(TypedDict):
     """``NvidiaDriver``'s value (also ``NvidiaHostState``'s ``driver``)."""
 
@@ -36,6 +45,7 @@ class DriverInfo(TypedDict):
     nvidia_smi_hung: bool  # nvidia-smi did not answer within SMI_SECONDS (a wedged GPU or driver)
     library: str | None
     library_package: str | None
+    persistenced: PersistencedUnit | None  # nvidia-persistenced.service (None: no systemctl to ask)
 
 
 class NvidiaHostStateInfo(TypedDict):
@@ -97,7 +107,16 @@ def parse_driver(sections: dict[str, list[str]]) -> DriverInfo:
         "nvidia_smi_hung": smi == ["rc=timeout"],
         "library": paths[0] if paths else None,
         "library_package": owners[0].split(":", 1)[0] if owners else None,
+        "persistenced": _unit(sections["persistenced"]) if "persistenced" in sections else None,
     }
+
+
+def _unit(lines: list[str]) -> PersistencedUnit | None:
+    """The unit's states from ``key=value`` lines (None where none was printed: no systemctl)."""
+    found = dict(line.strip().partition("=")[::2] for line in lines if "=" in line)
+    if not found:
+        return None
+    return {key: found.get(key) or None for key in ("load", "active", "enabled")}  # type: ignore[return-value]
 
 
 def _no_driver() -> DriverInfo:
@@ -125,6 +144,7 @@ class NvidiaDriver(FactBase[DriverInfo]):
             "nvidia_smi_hung": False,
             "library": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05",
             "library_package": "libnvidia-compute-580-server",
+            "persistenced": {"load": "loaded", "active": "active", "enabled": "enabled"},
         }
     """
 

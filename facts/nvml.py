@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypedDict, cast
+from typing import NotRequired, TypedDict, cast
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
@@ -18,6 +18,7 @@ class NvmlDevice(TypedDict):
     name: str
     uuid: str
     memory_total: int
+    persistence_mode: NotRequired[bool | None]  # None: NVML did not say (answers before it was asked lack it)
 
 
 class NvmlInfoDict(TypedDict):
@@ -62,8 +63,13 @@ try:
     for index in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            persistence = pynvml.nvmlDeviceGetPersistenceMode(handle) == pynvml.NVML_FEATURE_ENABLED
+        except pynvml.NVMLError:
+            persistence = None
         out["devices"].append({"index": index, "name": text(pynvml.nvmlDeviceGetName(handle)),
-                               "uuid": text(pynvml.nvmlDeviceGetUUID(handle)), "memory_total": memory.total})
+                               "uuid": text(pynvml.nvmlDeviceGetUUID(handle)), "memory_total": memory.total,
+                               "persistence_mode": persistence})
 except pynvml.NVMLError as exc:
     out["error"] = type(exc).__name__.replace("NVMLError_", "")
 finally:

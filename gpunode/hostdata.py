@@ -15,6 +15,7 @@ from typing import Any
 
 from pyinfra_gpunode.log import CONTROL, without_controls
 from pyinfra_gpunode.needrestart import check_services
+from pyinfra_gpunode.persistence import MODES as PERSISTENCE_MODES
 from pyinfra_gpunode.settings import (
     GROUPS,
     RUN_WIDE_KEYS,
@@ -328,6 +329,14 @@ KEYS: dict[str, Key] = {
             "driver package flavour (Ubuntu `-server`/`-open` packages; on Debian `open` picks "
             "`nvidia-open-kernel-dkms`)",
             _choice("server", "server-open", "default", "open"),
+        ),
+        Key(
+            "gpunode_persistence_mode",
+            "one of: auto, on, off",
+            "persistence mode: `on` keeps nvidia-persistenced enabled and running (GPUs stay initialised with no "
+            "program using them), `off` keeps it stopped; `auto` is `on` where a GPU is a datacenter one (PCI "
+            "class 3D controller) and `off` otherwise. The readiness report warns where it is asked on and is off",
+            _choice(*PERSISTENCE_MODES),
         ),
         Key(
             "gpunode_allow_dkms",

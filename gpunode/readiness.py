@@ -40,8 +40,9 @@ from pyinfra_gpunode.operator import (
     toolkit_owner,
     under_toolkit_dir,
 )
+from pyinfra_gpunode.persistence import readiness_problem, wanted
 from pyinfra_gpunode.platform import NAMES, RANCHER
-from pyinfra_gpunode.settings import CONTAINERD_MODE, RUNTIME_HANDLER
+from pyinfra_gpunode.settings import CONTAINERD_MODE, PERSISTENCE_MODE, RUNTIME_HANDLER
 
 if TYPE_CHECKING:
     from pyinfra_gpunode.facts.readiness import NodeReadinessInfo
@@ -865,11 +866,13 @@ def assess(
     handler: str = RUNTIME_HANDLER,
     mode: str = CONTAINERD_MODE,
     today: date | None = None,
+    persistence_mode: str = PERSISTENCE_MODE,
 ) -> NodeReadiness:
     """Every link of ``node``'s chain, in order, from the ``NodeReadiness`` fact; ``handler`` is the
     runtime name the cluster's RuntimeClass uses. In NRI mode (``mode`` ``nri``) no nvidia runtime is
     asked for: the merged config must have NRI and CDI on, and the handler is not applicable. ``today``
-    (the controller's date) judges containerd's support window: a line past its end is a warning."""
+    (the controller's date) judges containerd's support window: a line past its end is a warning; so is
+    persistence mode off where ``persistence_mode`` asks it on."""
     nri = mode == "nri"
     gpu = [
         _module(facts),
@@ -897,6 +900,7 @@ def assess(
     ]
     support = support_warning(facts["containerd"]["version"], today) if today else None
     warnings = [*([support] if support else []), *_lost_settings(facts), *_driver_skew(facts)]
+    warnings += _persistence(facts, persistence_mode)
     return NodeReadiness(node, links, _versions(facts), warnings)
 
 
@@ -923,6 +927,15 @@ def _driver_skew(facts: NodeReadinessInfo) -> list[str]:
         mixed_userspace(host["packages"]),
     ]  # fmt: skip
     return [warning for warning in warnings if warning]
+
+
+def _persistence(facts: NodeReadinessInfo, mode: str) -> list[str]:
+    """A warning where persistence mode is asked on (``mode``) and the node has it off."""
+    host, nvml = facts["host"], facts.get("nvml")
+    want = wanted(mode, [gpu["class"] for gpu in host["pci"]["gpus"]])
+    devices = nvml["devices"] if nvml and not nvml["error"] else []
+    problem = readiness_problem(want, host["driver"].get("persistenced"), devices)
+    return [problem] if problem else []
 
 
 def unjudged(node: str, error: str) -> NodeReadiness:

@@ -22,6 +22,7 @@ ROLLOUT_BATCH = 1
 HOOK_TIMEOUT = 600  # seconds
 DRIVER_SOURCE = "auto"
 DRIVER_FLAVOR = "server"
+PERSISTENCE_MODE = "auto"
 REBOOT_TIMEOUT = 600  # seconds
 KERNEL_HOLD = True
 UNATTENDED_MODE = "disabled"
@@ -97,6 +98,7 @@ class DriverSettings:
     reboot: bool = field(default=False, metadata=_key("gpunode_reboot"))
     reboot_timeout: int = field(default=REBOOT_TIMEOUT, metadata=_key("gpunode_reboot_timeout"))
     replace_preinstalled: bool = field(default=False, metadata=_key("gpunode_driver_replace_preinstalled"))
+    persistence_mode: str = field(default=PERSISTENCE_MODE, metadata=_key("gpunode_persistence_mode"))
 
 
 @dataclass(frozen=True)

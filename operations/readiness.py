@@ -28,7 +28,7 @@ from pyinfra_gpunode.operations._shared import node_fact
 from pyinfra_gpunode.platform import platform_containerd
 from pyinfra_gpunode.readiness import NOT_READ, RunInfo, assess, fleet_json, fleet_text, node_text, unjudged
 from pyinfra_gpunode.readiness import NodeReadiness as Report
-from pyinfra_gpunode.settings import CDI_SPEC_PATH, CONTAINERD_MODE, RUNTIME_BINARY, RUNTIME_HANDLER
+from pyinfra_gpunode.settings import CDI_SPEC_PATH, CONTAINERD_MODE, PERSISTENCE_MODE, RUNTIME_BINARY, RUNTIME_HANDLER
 
 
 def reports_of(run: State) -> dict[str, Report]:
@@ -45,6 +45,7 @@ def reported(
     cdi_spec_dirs: list[str] | None = None,
     handler: str = RUNTIME_HANDLER,
     mode: str = CONTAINERD_MODE,
+    persistence_mode: str = PERSISTENCE_MODE,
 ) -> Generator[Any, Any, None]:
     """
     Read the node's readiness chain in one command, changing nothing, and report it: once every
@@ -59,6 +60,8 @@ def reported(
     + handler: the runtime name the cluster's RuntimeClass uses (checked to run ``binary``)
     + mode: ``runtime``, or ``nri`` (NRI mode): no nvidia runtime or handler asked for; containerd's
       merged config must have NRI and CDI on instead
+    + persistence_mode: ``auto``, ``on`` or ``off`` (``gpunode_persistence_mode``): where it asks
+      persistence mode on and the node has it off, its report carries a warning
 
     The report reads the same with and without ``--dry``; a node that is not ready fails when the
     operations run (``-y``), so the exit status is non-zero. The JSON file (schema 2), written at the
@@ -79,7 +82,7 @@ def reported(
         report_at_exit(json_path)
         try:
             facts = _readiness_facts(binary, cdi_spec_dirs)
-            report = assess(host.name, facts, binary, cdi_spec_path, handler, mode, date.today())
+            report = assess(host.name, facts, binary, cdi_spec_path, handler, mode, date.today(), persistence_mode)
         except PyinfraError:
             raise  # pyinfra's own: a connection or command failure, which fails this node as it should
         except Exception as error:  # a node's answer no check foresaw fails that node's report, not the run

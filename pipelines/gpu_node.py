@@ -35,6 +35,7 @@ from pyinfra_gpunode.operations import (
     hostdata,
     kernel,
     operator,
+    persistence,
     platform,
     rollout,
     toolkit,
@@ -316,8 +317,9 @@ def _driver_ready(settings: Settings) -> bool:
 
 
 def _driver_arguments(settings: Settings) -> dict[str, Any]:
-    """``driver.driver``'s arguments: the driver settings by their own names."""
-    return asdict(settings.driver)
+    """``driver.driver``'s arguments: the driver settings by their own names (persistence mode has its own
+    step)."""
+    return {key: value for key, value in asdict(settings.driver).items() if key != "persistence_mode"}
 
 
 def _toolkit_arguments(settings: Settings) -> dict[str, Any]:
@@ -360,6 +362,9 @@ def _gpu_steps(settings: Settings, in_turn: bool = False) -> None:
     else:
         fabric_manager.fabric_manager(
             name="Fabric Manager: matches the driver", preinstalled=_preinstalled(settings), _if=ready
+        )
+        persistence.persistence_mode(
+            name="NVIDIA persistence mode: as asked", mode=settings.driver.persistence_mode, _if=ready
         )
     toolkit.container_toolkit(
         name="NVIDIA Container Toolkit: installed and held",

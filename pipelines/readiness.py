@@ -46,6 +46,7 @@ def node_readiness_reported(fail_not_ready: bool = True) -> None:
         cdi_spec_dirs=settings.containerd.cdi_spec_dirs,
         handler=settings.runtime.handler,
         mode=settings.containerd.mode,
+        persistence_mode=settings.driver.persistence_mode,
     )
 
 

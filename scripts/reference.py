@@ -32,6 +32,7 @@ SUBJECTS = (
     "driver",
     "nvml",
     "fabric_manager",
+    "persistence",
     "toolkit",
     "package_index",
     "cdi",

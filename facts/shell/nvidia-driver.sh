@@ -8,6 +8,7 @@
 #                    nvidia-modprobe it would load it otherwise); rc=timeout where it did not answer within
 #                    SECONDS (a wedged GPU: it may hang in the kernel, out of reach of a signal, so it is left
 #                    behind, killed, with nothing of this program waiting on it)
+#   persistenced     load=, active= and enabled= of nvidia-persistenced.service (empty without systemctl)
 # Usage: sh -c "$script" gpunode-nvidia-driver MARK SECONDS
 # Exit status: 0.
 mark=$1 seconds=$2
@@ -41,5 +42,11 @@ if [ -d /sys/module/nvidia ] && command -v nvidia-smi >/dev/null 2>&1; then
         wait "$pid"
         echo "rc=$?"
     fi
+fi
+echo "${mark}persistenced"
+if command -v systemctl >/dev/null 2>&1; then
+    echo "load=$(systemctl show -p LoadState --value nvidia-persistenced.service 2>/dev/null | head -c 40)"
+    echo "active=$(systemctl is-active nvidia-persistenced.service 2>/dev/null | head -c 40)"
+    echo "enabled=$(systemctl is-enabled nvidia-persistenced.service 2>/dev/null | head -c 40)"
 fi
 exit 0

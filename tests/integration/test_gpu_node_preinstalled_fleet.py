@@ -22,6 +22,15 @@ from tests.integration.summary import summary_rows
 
 REPO = Path(__file__).resolve().parents[2]
 PLANTED = "/root/gpunode-planted-driver"
+PERSISTENCED = b"""[Unit]
+Description=NVIDIA Persistence Daemon (stand-in)
+
+[Service]
+ExecStart=/bin/sleep infinity
+
+[Install]
+WantedBy=multi-user.target
+"""
 pytestmark = pytest.mark.fleet
 
 
@@ -58,6 +67,9 @@ def preinstalled_node1(fleet: Fleet) -> Iterator[None]:
         runtime = "/usr/bin/nvidia-container-runtime"
         on(fleet, f"cat > {runtime} && chmod 755 {runtime}", b"#!/bin/sh\n")
         on(fleet, "mkdir -p /etc/cdi && cat > /etc/cdi/nvidia.yaml", cdi_spec().encode())
+        # nvidia-persistenced as the driver's package installs it, disabled; a stand-in daemon (the real one
+        # exits without a GPU device it can open)
+        on(fleet, "cat > /etc/systemd/system/nvidia-persistenced.service && systemctl daemon-reload", PERSISTENCED)
         yield
     finally:
         fleet.run("node1", "umount /sys/bus/pci/devices; umount /sys/module; umount /proc/driver")
@@ -77,6 +89,7 @@ def test_preinstalled_driver_without_host_data_goes_from_plan_to_prepared_node(
     assert f"[node1] plan: driver {DRIVER} (proprietary) preinstalled" in dry.stdout
     assert "[node1] plan: write /etc/containerd/gpunode/nvidia-runtime.toml, /etc/containerd/config.toml" in dry.stdout
     assert on(fleet, "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum") == etc
+    assert on(fleet, "systemctl is-active nvidia-persistenced || true").strip() == "inactive"
 
     run = deploy(fleet, "-y")
     assert run.returncode == 0, run.stdout
@@ -87,9 +100,20 @@ def test_preinstalled_driver_without_host_data_goes_from_plan_to_prepared_node(
     invocation = on(fleet, "systemctl show -p InvocationID --value containerd").strip()
     cri = on(fleet, f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={invocation} | grep 'Start cri plugin'")
     assert "nvidia" in cri
+    # an H100 (a datacenter GPU): persistence mode on by default, its daemon enabled and running
+    assert on(fleet, "systemctl is-enabled nvidia-persistenced; systemctl is-active nvidia-persistenced").split() == [
+        "enabled", "active",
+    ]  # fmt: skip
 
     again = deploy(fleet, "-y", "--debug")
     assert again.returncode == 0, again.stdout
     assert on(fleet, "systemctl show -p InvocationID --value containerd").strip() == invocation
     # A prepared GPU node is read with one command (its snapshot) for every step, GPU steps included.
     assert again.stdout.count("Running command on node1: ") == 1, again.stdout
+
+    # Persistence mode asked on and its daemon stopped: the readiness report warns, naming it.
+    on(fleet, "systemctl stop nvidia-persistenced")
+    report = cli.pyinfra("--dry", "--limit", "node1", fleet.inventory_path, "deploys/readiness.py")
+    assert "warning: persistence mode is asked on, but nvidia-persistenced.service is inactive" in report.stdout, (
+        report.stdout
+    )

@@ -58,6 +58,7 @@ NOT_DEFAULT: dict[str, tuple[str, Any]] = {
     "gpunode_reboot": ("driver.reboot", True),
     "gpunode_reboot_timeout": ("driver.reboot_timeout", 900),
     "gpunode_driver_replace_preinstalled": ("driver.replace_preinstalled", True),
+    "gpunode_persistence_mode": ("driver.persistence_mode", "on"),
     "gpunode_kernel_hold": ("updates.kernel_hold", False),
     "gpunode_unattended_upgrades": ("updates.unattended", "blacklist"),
     "gpunode_unattended_blacklist": ("updates.blacklist", ["linux-"]),
