@@ -108,8 +108,9 @@ def cri_up(fleet: Fleet, other_than: str = "", seconds: float = 60) -> str:
     raise AssertionError(f"k0s' containerd not up: {fleet.run(NODE, 'systemctl status k0sworker').stdout}")
 
 
-def k0s_node(fleet: Fleet) -> str:
-    """A fresh host laid out as a k0s 1.36 worker; the PID of its containerd."""
+def k0s_node(fleet: Fleet, dropins: str = "mkdir -p /etc/k0s/containerd.d") -> str:
+    """A fresh host laid out as a k0s 1.36 worker (``dropins``: how its drop-in directory is made); the PID
+    of its containerd."""
     fleet.reset([NODE])
     put(fleet, "/etc/k0s/containerd.toml", SAMPLE.read_text().split("\n", 1)[1])
     put(fleet, "/etc/systemd/system/k0sworker.service", WORKER_UNIT)
@@ -118,7 +119,7 @@ def k0s_node(fleet: Fleet) -> str:
     sh(
         fleet,
         "systemctl disable --now containerd.service && systemctl mask containerd.service && "
-        "mkdir -p /etc/k0s/containerd.d && systemctl daemon-reload && "
+        f"{dropins} && systemctl daemon-reload && "
         "systemctl enable --now k0sworker.service k0s-dropins.path",
     )
     return cri_up(fleet)
@@ -204,8 +205,8 @@ def test_the_drop_in_is_written_in_the_turn_verified_kept_and_rolled_back(fleet:
 
 
 def test_a_drop_in_directory_that_is_a_link_is_refused_and_nothing_written(fleet: Fleet) -> None:
-    pid = k0s_node(fleet)
-    sh(fleet, "rmdir /etc/k0s/containerd.d && mkdir /srv/k0s-dropins && ln -s /srv/k0s-dropins /etc/k0s/containerd.d")
+    # made so before k0s starts: a change to the directory would restart its containerd
+    pid = k0s_node(fleet, "mkdir /srv/k0s-dropins && ln -s /srv/k0s-dropins /etc/k0s/containerd.d")
     refusal = (
         "containerd config not changed: /etc/k0s/containerd.d is a symbolic link to /srv/k0s-dropins: gpunode "
         "writes real files only, never through a link"
