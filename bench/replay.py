@@ -4,15 +4,19 @@
 exit status. ``ReplayConnector`` answers every command from those recordings without touching anything:
 a command is matched by its key (the command line as the SSH connector sends it, with the node's name,
 pyinfra's temporary paths and timestamps replaced by placeholders), and a command without a recording
-raises ``UnrecordedCommand`` naming it (an upload or download too). Neither is registered as a pyinfra
-entry point: a bench puts the class in place of the SSH connector for the run (``use_connector``).
+raises ``UnrecordedCommand`` naming it (an upload or download too). The recorded host's machine id and
+boot id are made each simulated node's own in its answers: no two nodes of a run are one machine.
+Neither is registered as a pyinfra entry point: a bench puts the class in place of the SSH connector for
+the run (``use_connector``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from io import IOBase
@@ -35,6 +39,8 @@ VARYING = (
 )
 # Arguments that steer the connector itself; the rest shape the command line (pyinfra's SSH connector).
 CONTROL_ARGUMENTS = ("_get_pty", "_timeout", "_stdin", "_success_exit_codes")
+# The recorded host's own ids in its answers (the lines after these markers of the node's identity read).
+IDENTITY_MARKERS = {"@@machine_id": re.compile(r"^[0-9a-f]{32}$"), "@@boot_id": re.compile(r"^[0-9a-f-]{36}$")}
 SECRET_MARKERS = ("PRIVATE KEY", "BEGIN OPENSSH", "ssh-ed25519 ", "ssh-rsa ", "password", "token")
 
 
@@ -79,6 +85,18 @@ def save(path: Path, header: dict[str, Any], answers: dict[str, Answer]) -> None
     path.write_text(json.dumps({**header, "commands": commands}, indent=1) + "\n")
 
 
+def own_ids(stdout: str, node: str) -> str:
+    """``stdout`` with the recorded host's machine id and boot id replaced by ids of ``node``'s own."""
+    lines = stdout.splitlines(keepends=True)
+    for index in range(1, len(lines)):
+        form = IDENTITY_MARKERS.get(lines[index - 1].rstrip("\n"))
+        if form and form.match(lines[index].rstrip("\n")):
+            digest = hashlib.sha256(f"{node}:{lines[index - 1]}".encode()).hexdigest()[:32]
+            own = digest if len(lines[index].rstrip("\n")) == 32 else str(uuid.UUID(digest))
+            lines[index] = own + "\n"
+    return "".join(lines)
+
+
 class ReplayConnector(BaseConnector):
     """Answers every command from ``answers`` (set on the class before the run); never connects anywhere."""
 
@@ -102,7 +120,8 @@ class ReplayConnector(BaseConnector):
             message = f"no recorded answer for the command sent to {self.host.name}: {key}"
             print(f"UNRECORDED COMMAND: {message}", file=sys.stderr, flush=True)
             raise UnrecordedCommand(message)
-        lines = [OutputLine("stdout", text) for text in answer.stdout.splitlines()]  # new strings per node, as
+        stdout = own_ids(answer.stdout, self.host.name)
+        lines = [OutputLine("stdout", text) for text in stdout.splitlines()]  # new strings per node, as
         lines += [OutputLine("stderr", text) for text in answer.stderr.splitlines()]  # SSH decodes them
         if print_output:
             for output in lines:

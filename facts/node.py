@@ -80,7 +80,7 @@ class NodeSnapshot(FactBase[NodeSnapshotInfo]):
             "kind": {"distribution": {"name": "Debian", ...}, "gpus": {"gpus": [...], ...}},
             "prep": {"kernel": {...}, "unattended": {...}, "nouveau": {...}},
             "readiness": {"host": {...}, "nvml": None, "toolkit": {...}, "cdi": [], "containerd": {...}, ...},
-            "identity": {"hostname": "gpu-a", "override": None, "machine_id": "4c4c4544004d3510804bb4c04f4e3732"},
+            "identity": {"hostname": "gpu-a", "override": None, "machine_id": "4c4c...", "boot_id": "0f6a..."},
         }
     """
 

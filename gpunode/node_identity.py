@@ -5,8 +5,9 @@ The name a hook is given (``{hostname}``, ``GPUNODE_HOSTNAME``) drives controlle
 So the name is host data where given (``gpunode_node_name``) and is checked against what the node reports
 (its hostname as the kubelet registers it, lowercased, or the kubelet's ``--hostname-override``); without
 it, the node's report is used where it is a valid node name. Across the hosts of one run, two with one node
-name, or one machine (one ``/etc/machine-id``) under two inventory names, fail before any hook runs,
-naming each other.
+name, or one machine under two inventory names (one ``/etc/machine-id`` and one boot id: nodes cloned from
+an image that kept its machine id boot with boot ids of their own), fail before any hook runs, naming each
+other.
 """
 
 from __future__ import annotations
@@ -23,19 +24,30 @@ from pyinfra_gpunode.log import shown
 KUBELET_FLAG_FILES = ("/var/lib/kubelet/kubeadm-flags.env", "/etc/default/kubelet", "/etc/sysconfig/kubelet")
 _OVERRIDE = re.compile(r"--hostname-override(?:=|\s+)(\S+)")
 _MACHINE_ID = re.compile(r"[0-9a-f]{32}")
+_BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+SHOWN_NAMES = 5  # other inventory names a shared name or machine lists
 
 
 class Reported(TypedDict):
     """What a node says about itself: its kernel hostname, the kubelet's ``--hostname-override`` where its
-    flag files set one, and its ``/etc/machine-id`` (``""`` where absent or not one)."""
+    flag files set one, its ``/etc/machine-id`` and the kernel's boot id (each ``""`` where absent or not
+    one)."""
 
     hostname: str
     override: str | None
     machine_id: str
+    boot_id: str
 
 
-def reported(hostname: str, override: str | None = None, machine: str = "") -> Reported:
-    return {"hostname": hostname, "override": override, "machine_id": machine}
+def reported(hostname: str, override: str | None = None, machine: str = "", boot: str = "") -> Reported:
+    return {"hostname": hostname, "override": override, "machine_id": machine, "boot_id": boot}
+
+
+def machine_of(found: Reported) -> str:
+    """The running machine a node's report names (machine id and boot id), or ``""`` without a machine id."""
+    if not found["machine_id"]:
+        return ""
+    return f"{found['machine_id']}, boot {found['boot_id']}" if found["boot_id"] else found["machine_id"]
 
 
 def kubelet_override(flag_lines: list[str]) -> str | None:
@@ -56,6 +68,12 @@ def machine_id(text: str) -> str:
     """``/etc/machine-id``'s id, or ``""`` where the file holds none (empty, ``uninitialized``, garbage)."""
     text = text.strip()
     return text if _MACHINE_ID.fullmatch(text) else ""
+
+
+def boot_id(text: str) -> str:
+    """The kernel's boot id (``/proc/sys/kernel/random/boot_id``), or ``""`` where it reads as none."""
+    text = text.strip()
+    return text if _BOOT_ID.fullmatch(text) else ""
 
 
 def node_name(inventory_name: str, explicit: str | None, reported: Reported) -> tuple[str, str | None]:
@@ -100,6 +118,8 @@ def shared(values: Mapping[str, str], what: str) -> dict[str, str]:
     for value, names in holders.items():
         if len(names) > 1:
             for name in names:
-                others = ", ".join(other for other in names if other != name)
+                rest = [other for other in names if other != name]
+                more = f" and {len(rest) - SHOWN_NAMES} more" if len(rest) > SHOWN_NAMES else ""
+                others = ", ".join(rest[:SHOWN_NAMES]) + more
                 problems[name] = f"{what} {shown(value)} is {others}'s too: no turn for either until each is one node"
     return problems

@@ -18,7 +18,7 @@ from pyinfra_gpunode.facts.identity import NodeIdentity
 from pyinfra_gpunode.hook_process import turn_hook
 from pyinfra_gpunode.hooks import hook_argv, shown_argv
 from pyinfra_gpunode.log import logger, printable, shown
-from pyinfra_gpunode.node_identity import Reported, hook_name, reported, shared
+from pyinfra_gpunode.node_identity import Reported, hook_name, machine_of, reported, shared
 from pyinfra_gpunode.operations import _lock, containerd, platform
 from pyinfra_gpunode.operations._atomic import fail, write_file
 from pyinfra_gpunode.operations._internals import (
@@ -311,14 +311,14 @@ def _identity() -> Reported:
 def _identified(run: State, node: Host, name: str) -> None:
     """Record the node's hook name (``""``: none) and machine id for the rollout's check that no two nodes
     share either (``_shared_identities``)."""
-    run_state(run).identities[node.name] = (name, _identity()["machine_id"])
+    run_state(run).identities[node.name] = (name, machine_of(_identity()))
 
 
 def _shared_identities(run: State, names: Collection[str]) -> dict[str, str]:
     """Why each of ``names`` that shares its hook name or its machine with another node of the run takes
     no turn: drained in another's turn, or two turns at once on one machine."""
     known = {name: run_state(run).identities[name] for name in names if name in run_state(run).identities}
-    by_machine = shared({name: machine for name, (_, machine) in known.items()}, "machine id")
+    by_machine = shared({name: machine for name, (_, machine) in known.items()}, "machine (machine id, boot id)")
     by_name = shared({name: hook_name for name, (hook_name, _) in known.items()}, "Kubernetes node name")
     return {name: by_machine.get(name) or by_name[name] for name in {*by_machine, *by_name}}
 

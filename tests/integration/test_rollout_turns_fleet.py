@@ -356,9 +356,9 @@ def test_a_node_named_after_another_or_one_machine_under_two_names_takes_no_turn
     refused = "refused, fails in its slot untouched: "
     assert f"{refused}tn1: Kubernetes node name '{tn1}' is tn2's too" in dry.stdout, dry.stdout
     assert f"{refused}tn2: Kubernetes node name '{tn1}' is tn1's too" in dry.stdout
-    machine = sh(fleet, "tn3", "cat /etc/machine-id").strip()
-    assert f"{refused}tn3: machine id '{machine}' is tn3-again's too" in dry.stdout
-    assert f"{refused}tn3-again: machine id '{machine}' is tn3's too" in dry.stdout
+    machine = ", boot ".join(sh(fleet, "tn3", "cat /etc/machine-id /proc/sys/kernel/random/boot_id").split())
+    assert f"{refused}tn3: machine (machine id, boot id) '{machine}' is tn3-again's too" in dry.stdout
+    assert f"{refused}tn3-again: machine (machine id, boot id) '{machine}' is tn3's too" in dry.stdout
 
     run = deploy(path, "-y")
     assert run.returncode != 0, run.stdout

@@ -8,7 +8,7 @@ import pytest
 
 from pyinfra_gpunode.facts.identity import NodeIdentity
 from pyinfra_gpunode.hostdata import HostDataError, validate
-from pyinfra_gpunode.node_identity import kubelet_override, machine_id, node_name, reported, shared
+from pyinfra_gpunode.node_identity import kubelet_override, machine_id, machine_of, node_name, reported, shared
 
 # kubeadm's /var/lib/kubelet/kubeadm-flags.env as `kubeadm join` writes it (kubernetes/kubernetes,
 # cmd/kubeadm/app/phases/kubelet/flags.go: KUBELET_KUBEADM_ARGS="..."), with nodeRegistration.name set.
@@ -53,6 +53,14 @@ def test_without_host_data_the_node_s_report_is_its_name_where_valid() -> None:
     assert name == "" and why is not None and "not a valid Kubernetes node name" in why
 
 
+def test_a_machine_shared_by_many_names_lists_a_few() -> None:
+    problems = shared({f"n{index}": "m" for index in range(8)}, "machine")
+    assert (
+        problems["n0"]
+        == "machine 'm' is n1, n2, n3, n4, n5 and 2 more's too: no turn for either until each is one node"
+    )
+
+
 def test_a_name_or_machine_two_hosts_share_refuses_both_naming_the_other() -> None:
     problems = shared({"a": "gpu-b", "b": "gpu-b", "c": "gpu-c", "d": "", "e": ""}, "Kubernetes node name")
     assert problems == {
@@ -70,7 +78,11 @@ def test_a_host_data_node_name_that_is_no_node_name_is_refused(value: object) ->
 def test_the_fact_reads_bounded_lines() -> None:
     command = NodeIdentity().command()
     assert "head -c 300" in command and "head -c 64 /etc/machine-id" in command and "-m 20" in command
+    boot = "0f6a1c52-8d0e-4f4b-9d1e-3c2f5a7b9e10"
     found = NodeIdentity().process(
-        ["@@hostname", "gpu-a", "@@machine_id", "4c4c4544004d3510804bb4c04f4e3732", "@@kubelet", KUBEADM_FLAGS]
-    )
-    assert found == reported("gpu-a", "gpu-a.cluster.internal", "4c4c4544004d3510804bb4c04f4e3732")
+        ["@@hostname", "gpu-a", "@@machine_id", "4c4c4544004d3510804bb4c04f4e3732", "@@boot_id", boot,
+         "@@kubelet", KUBEADM_FLAGS]
+    )  # fmt: skip
+    assert found == reported("gpu-a", "gpu-a.cluster.internal", "4c4c4544004d3510804bb4c04f4e3732", boot)
+    assert machine_of(found) == f"4c4c4544004d3510804bb4c04f4e3732, boot {boot}"
+    assert machine_of(reported("gpu-a")) == ""  # no machine id: never shared
