@@ -219,9 +219,10 @@ def _plan(settings: NodeSettings) -> Generator[Any, Any, None]:
         )
     changes = turn_changes(settings["driver"], found.writes, found.restart_reason if rolling else None)
     changes += _resumed_changes(found) if _takes_turns(settings) else []
-    hostname, refused = _hook_hostname(host, settings) if _takes_turns(settings) and changes else ("", None)
-    if _takes_turns(settings):
-        _identified(current_state(), host, hostname)
+    named, refused = _hook_hostname(host, settings) if _takes_turns(settings) else ("", None)
+    if _takes_turns(settings):  # as the rollout's start records it: every node with hooks, a turn or not
+        _identified(current_state(), host, named)
+    hostname, refused = (named, refused) if changes else ("", None)
     if found.mode_line and not found.problem:  # NRI mode: the plan names it
         logger.info("%splan: %s", host.print_prefix, found.mode_line)
     if found.problem or unit or refused:
@@ -319,7 +320,7 @@ def _shared_identities(run: State, names: Collection[str]) -> dict[str, str]:
     no turn: drained in another's turn, or two turns at once on one machine."""
     known = {name: run_state(run).identities[name] for name in names if name in run_state(run).identities}
     by_machine = shared({name: machine for name, (_, machine) in known.items()}, "machine (machine id, boot id)")
-    by_name = shared({name: hook_name for name, (hook_name, _) in known.items()}, "Kubernetes node name")
+    by_name = shared({name: node for name, (node, _) in known.items()}, "Kubernetes node name")
     return {name: by_machine.get(name) or by_name[name] for name in {*by_machine, *by_name}}
 
 
