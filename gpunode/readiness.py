@@ -22,10 +22,10 @@ from pyinfra_gpunode.containerd_dump import CTR, nri_state
 from pyinfra_gpunode.containerd_files import ConfigFile
 from pyinfra_gpunode.containerd_losses import lost_settings
 from pyinfra_gpunode.containerd_support import support_warning
-from pyinfra_gpunode.driver_versions import mixed_userspace, same_driver, upstream_version
+from pyinfra_gpunode.driver_skew import skew_warnings
+from pyinfra_gpunode.driver_versions import same_driver, upstream_version
 from pyinfra_gpunode.gpu_queries import NVML_SECONDS, SMI_SECONDS
 from pyinfra_gpunode.log import without_controls
-from pyinfra_gpunode.next_boot import module_warning
 from pyinfra_gpunode.operator import (
     DRIVER_ROOT,
     OPERATOR,
@@ -918,15 +918,7 @@ def _lost_settings(facts: NodeReadinessInfo) -> list[str]:
 def _driver_skew(facts: NodeReadinessInfo) -> list[str]:
     """Warnings of a driver that works now but is out of step: the nvidia module will not load, or not match,
     once the node boots its next kernel; the userspace libraries are of two driver versions."""
-    host = facts["host"]
-    warnings = [
-        module_warning(
-            host["kernel"], host.get("boot_kernel"), host["module_built"], host.get("boot_module_built", False),
-            host.get("boot_module_version"), host["driver"]["userspace_version"],
-        ),
-        mixed_userspace(host["packages"]),
-    ]  # fmt: skip
-    return [warning for warning in warnings if warning]
+    return [warning for _, warning in skew_warnings(facts["host"])]
 
 
 def _persistence(facts: NodeReadinessInfo, mode: str) -> list[str]:

@@ -17,7 +17,8 @@ from pyinfra import host
 from pyinfra.api import State, deploy
 
 from pyinfra_gpunode.driver_plan import DriverRequestError, requested
-from pyinfra_gpunode.driver_versions import mixed_userspace, same_driver
+from pyinfra_gpunode.driver_skew import skew_warnings
+from pyinfra_gpunode.driver_versions import same_driver
 from pyinfra_gpunode.facts.containerd import ContainerdNodeState
 from pyinfra_gpunode.facts.driver import NvidiaDriver, NvidiaHostState
 from pyinfra_gpunode.facts.node import NodeKind
@@ -26,7 +27,6 @@ from pyinfra_gpunode.hooks import HOOK_KEYS, check_hook
 from pyinfra_gpunode.hostdata import HostDataError, rollout_settings, world_writable_warnings
 from pyinfra_gpunode.hostdata import settings as settings_of
 from pyinfra_gpunode.log import logger
-from pyinfra_gpunode.next_boot import module_warning
 from pyinfra_gpunode.operations import (
     cdi,
     distribution,
@@ -267,16 +267,9 @@ def _driver_skew_warned() -> None:
     """The plan says where the driver works now but is out of step (no driver change is planned to mend
     it): the nvidia module will not load, or not match, once the node boots its next kernel; the userspace
     libraries are of two driver versions. The summary lists each as pending."""
-    found = node_fact(NvidiaHostState)
-    boot = module_warning(
-        found["kernel"], found["boot_kernel"], found["module_built"], found["boot_module_built"],
-        found["boot_module_version"], found["driver"]["userspace_version"],
-    )  # fmt: skip
-    mixed = mixed_userspace(found["packages"])
-    for what, warning in (("next boot", boot), ("userspace", mixed)):
-        if warning:
-            logger.warning("%splan: %s", host.print_prefix, warning)
-            _report().pending.append(f"{what}: {warning}")
+    for what, warning in skew_warnings(node_fact(NvidiaHostState)):
+        logger.warning("%splan: %s", host.print_prefix, warning)
+        _report().pending.append(f"{what}: {warning}")
 
 
 def _preinstalled(settings: Settings) -> bool:

@@ -3,8 +3,8 @@ of another version than the userspace library; nothing where no other kernel is 
 
 from __future__ import annotations
 
+from pyinfra_gpunode.driver_skew import module_warning
 from pyinfra_gpunode.driver_versions import mixed_userspace
-from pyinfra_gpunode.next_boot import module_warning
 
 RUNNING, NEXT = "6.12.48+deb13-amd64", "6.12.57+deb13-amd64"
 

@@ -1,14 +1,17 @@
-"""Whether the NVIDIA module will load after the node's next reboot (no I/O).
+"""A driver that works now but is out of step: named before it bites (no I/O).
 
-A node mid-upgrade runs one kernel and boots another next (its ``/vmlinuz`` link names it). DKMS builds
-for the kernels whose headers are installed; a module built only for the running kernel works until the
-reboot, when no nvidia module loads and the node serves no GPU. Said before it bites: in the readiness
-report's warnings and in the deploy's plan.
+The nvidia module after the next reboot: a node mid-upgrade runs one kernel and boots another next (its
+``/vmlinuz`` link names it). DKMS builds for the kernels whose headers are installed; a module built only
+for the running kernel works until the reboot, when no nvidia module loads and the node serves no GPU.
+And the userspace libraries of two driver versions (``driver_versions.mixed_userspace``). Both are said in
+the readiness report's warnings and in the deploy's plan.
 """
 
 from __future__ import annotations
 
-from pyinfra_gpunode.driver_versions import same_driver
+from typing import Any
+
+from pyinfra_gpunode.driver_versions import mixed_userspace, same_driver
 from pyinfra_gpunode.log import without_controls
 
 
@@ -38,3 +41,16 @@ def module_warning(
             "driver/library version mismatch"
         )
     return None
+
+
+def skew_warnings(host: Any) -> list[tuple[str, str]]:
+    """``(what, warning)`` for each way the driver of ``host`` (``NvidiaHostState``'s value) is out of step:
+    ``next boot`` (``module_warning``) and ``userspace`` (``mixed_userspace``)."""
+    found = [
+        ("next boot", module_warning(
+            host["kernel"], host.get("boot_kernel"), host["module_built"], host.get("boot_module_built", False),
+            host.get("boot_module_version"), host["driver"]["userspace_version"],
+        )),
+        ("userspace", mixed_userspace(host["packages"])),
+    ]  # fmt: skip
+    return [(what, warning) for what, warning in found if warning]
