@@ -148,13 +148,16 @@ class NouveauBlacklistInfo(TypedDict):
     content: str | None
     initramfs: str | None
     loaded: bool
+    nova_core_shipped: bool  # an installed kernel ships nova_core (Linux 6.15 and later)
+    nova_core_loaded: bool
 
 
 class NouveauBlacklist(FactBase[NouveauBlacklistInfo]):
     """
     Returns the content of a modprobe.d file meant to blacklist nouveau (None when absent),
     the blacklist text the initramfs was last regenerated with (None when it never was, or the
-    regeneration failed), and whether nouveau is loaded now.
+    regeneration failed), whether nouveau is loaded now, and whether an installed kernel ships the
+    ``nova_core`` module (Linux 6.15's driver for GSP GPUs, Turing and later) and it is loaded.
 
     .. code:: python
 
@@ -162,6 +165,8 @@ class NouveauBlacklist(FactBase[NouveauBlacklistInfo]):
             "content": "blacklist nouveau\\noptions nouveau modeset=0\\n",
             "initramfs": "blacklist nouveau\\noptions nouveau modeset=0\\n",
             "loaded": False,
+            "nova_core_shipped": False,
+            "nova_core_loaded": False,
         }
     """
 
@@ -171,7 +176,13 @@ class NouveauBlacklist(FactBase[NouveauBlacklistInfo]):
 
     @staticmethod
     def default() -> NouveauBlacklistInfo:
-        return {"content": None, "initramfs": None, "loaded": False}
+        return {
+            "content": None,
+            "initramfs": None,
+            "loaded": False,
+            "nova_core_shipped": False,
+            "nova_core_loaded": False,
+        }
 
     @override
     def process(self, output: list[str]) -> NouveauBlacklistInfo:
@@ -184,6 +195,8 @@ class NouveauBlacklist(FactBase[NouveauBlacklistInfo]):
             "content": text("content"),
             "initramfs": text("initramfs"),
             "loaded": any(line.strip() == "loaded" for line in sections.get("nouveau", [])),
+            "nova_core_shipped": any(line.strip() == "shipped" for line in sections.get("nova_core", [])),
+            "nova_core_loaded": any(line.strip() == "loaded" for line in sections.get("nova_core", [])),
         }
 
 

@@ -1,4 +1,4 @@
-"""Keep the node on its kernel (package holds) and keep nouveau away from NVIDIA GPUs."""
+"""Keep the node on its kernel (package holds) and keep nouveau (and nova_core) away from NVIDIA GPUs."""
 
 from __future__ import annotations
 
@@ -22,6 +22,17 @@ NOUVEAU_TEXT = (
     "blacklist nouveau\n"
     "options nouveau modeset=0\n"
 )
+# Linux 6.15 and later ship nova_core (drivers/gpu/nova-core/Kconfig: "the Nova Core driver for Nvidia GPUs
+# based on the GPU System Processor (GSP)... Turing and later"), which would claim them before nvidia does.
+NOVA_CORE_LINE = "blacklist nova_core\n"
+
+
+def blacklist_text(nova_core: bool) -> str:
+    """The blacklist file's text: nouveau's, and nova_core's where a kernel of the node ships it (a node
+    without it keeps the text it has had)."""
+    return NOUVEAU_TEXT + (NOVA_CORE_LINE if nova_core else "")
+
+
 # Nodes without initramfs tooling (containers) have no initramfs that could load nouveau.
 REGENERATE_INITRAMFS = (
     "if command -v update-initramfs >/dev/null; then update-initramfs -u -k all; "
@@ -86,8 +97,9 @@ def held(release: str | None = None, present: bool = KERNEL_HOLD) -> Generator[A
 @locked_before_changes
 def nouveau_blacklisted(path: str = NOUVEAU_CONF) -> Generator[Any, Any, None]:
     """
-    Blacklist the nouveau driver and regenerate the initramfs (``update-initramfs`` or
-    ``dracut``, where installed) until it was built with this blacklist.
+    Blacklist the nouveau driver (and ``nova_core``, where an installed kernel ships it: Linux 6.15
+    and later) and regenerate the initramfs (``update-initramfs`` or ``dracut``, where installed)
+    until it was built with this blacklist.
 
     + path: modprobe.d file that carries the blacklist
 
@@ -107,14 +119,19 @@ def nouveau_blacklisted(path: str = NOUVEAU_CONF) -> Generator[Any, Any, None]:
         raise OperationValueError(f"path must be a .conf file in /etc/modprobe.d/, got {path!r}")
 
     state = node_fact(NouveauBlacklist, path=path)
-    if state["content"] == NOUVEAU_TEXT and state["initramfs"] == NOUVEAU_TEXT:
-        if state["loaded"]:
-            host.noop("nouveau is blacklisted; it is still loaded until the node reboots (reboot required)")
+    nova = state["nova_core_shipped"] or state["nova_core_loaded"] or NOVA_CORE_LINE in (state["content"] or "")
+    text = blacklist_text(nova)
+    what = "nouveau and nova_core are" if nova else "nouveau is"
+    loaded = state["loaded"] or state["nova_core_loaded"]
+    if state["content"] == text and state["initramfs"] == text:
+        if loaded:
+            still = "one of them is" if nova else "it is"
+            host.noop(f"{what} blacklisted; {still} still loaded until the node reboots (reboot required)")
         else:
-            host.noop("nouveau is blacklisted")
+            host.noop(f"{what} blacklisted")
         return
-    if state["content"] != NOUVEAU_TEXT:
-        yield from write_file(path, NOUVEAU_TEXT)
+    if state["content"] != text:
+        yield from write_file(path, text)
     stamp = initramfs_stamp(path)
     # The stamp is written only after a successful regeneration: a failed one is retried next run.
     yield StringCommand(
@@ -122,5 +139,5 @@ def nouveau_blacklisted(path: str = NOUVEAU_CONF) -> Generator[Any, Any, None]:
         "&&", "cp", QuoteString(path), QuoteString(f"{stamp}.gpunode-new"),
         "&&", "mv", "-f", QuoteString(f"{stamp}.gpunode-new"), QuoteString(stamp),
     )  # fmt: skip
-    if state["loaded"]:
+    if loaded:
         yield StringCommand(REBOOT_REQUIRED)

@@ -171,3 +171,22 @@ def test_failed_initramfs_regeneration_is_retried(node: Path) -> None:
 
     assert run_op(node) == (0, False)
     assert calls.read_text().strip() == "2"
+
+
+def test_a_kernel_that_ships_nova_core_gets_it_blacklisted_too(node: Path) -> None:
+    tool = node / "usr/sbin/update-initramfs"
+    tool.write_text('#!/bin/sh\necho "update-initramfs $*" >> /var/tmp/update-initramfs.log\n')
+    tool.chmod(0o755)
+    # Linux 6.15 and later: drivers/gpu/nova-core builds nova_core.ko (Ubuntu compresses modules with zstd)
+    module = node / "lib/modules/7.0.0-14-generic/kernel/drivers/gpu/nova-core/nova_core.ko.zst"
+    module.parent.mkdir(parents=True)
+    module.write_bytes(b"")
+
+    assert run_op(node) == (1, False)
+    text = (node / NOUVEAU_CONF.lstrip("/")).read_text()
+    assert text == NOUVEAU_TEXT + "blacklist nova_core\n"
+    assert (node / initramfs_stamp(NOUVEAU_CONF).lstrip("/")).read_text() == text  # the initramfs has it too
+    assert run_op(node) == (0, False)
+
+    module.unlink()  # the kernel that shipped it removed: the line stays (no churn back and forth)
+    assert run_op(node) == (0, False)
