@@ -70,6 +70,12 @@ class HostInfo:
     kernel: str  # the kernel the module must load on
     arch: str = "amd64"
     secure_boot: bool | None = False  # None: the node could not tell
+    boot_kernel: str = ""  # the kernel the node boots next where it is another one ("": the same, or unknown)
+
+    @property
+    def kernels(self) -> list[str]:
+        """The kernels a DKMS module must be built for: the running one, and the one booted next."""
+        return [self.kernel, *([self.boot_kernel] if self.boot_kernel and self.boot_kernel != self.kernel else [])]
 
 
 @dataclass
@@ -189,14 +195,15 @@ def _debian_family(host: HostInfo, request: DriverRequest) -> tuple[str, str]:
 
 
 def _debian_names(host: HostInfo, family: str, request: DriverRequest) -> tuple[list[str], list[str]]:
-    """(userspace packages, DKMS packages) for a Debian family. The running kernel's headers
-    are part of the DKMS set (they bring the compiler): without them DKMS skips the build and
-    the install still succeeds, leaving no module."""
-    headers = f"linux-headers-{host.kernel}"
+    """(userspace packages, DKMS packages) for a Debian family. The headers of the running kernel,
+    and of the kernel the node boots next where that is another, are part of the DKMS set (they
+    bring the compiler): without them DKMS skips the build and the install still succeeds, leaving
+    no module."""
+    headers = [f"linux-headers-{kernel}" for kernel in host.kernels]
     if family == "current":
         module = "nvidia-open-kernel-dkms" if request.open else "nvidia-kernel-dkms"
-        return ["nvidia-driver", "firmware-nvidia-gsp"], [module, headers]
-    return [f"nvidia-{family}-driver"], [f"nvidia-{family}-kernel-dkms", headers]
+        return ["nvidia-driver", "firmware-nvidia-gsp"], [module, *headers]
+    return [f"nvidia-{family}-driver"], [f"nvidia-{family}-kernel-dkms", *headers]
 
 
 def _ubuntu_names(host: HostInfo, request: DriverRequest) -> tuple[list[str], list[str], list[str]]:
@@ -208,7 +215,7 @@ def _ubuntu_names(host: HostInfo, request: DriverRequest) -> tuple[list[str], li
         precompiled.insert(0, f"linux-objects-nvidia-{flavor}-{host.kernel}")
         if host.arch == "amd64":
             precompiled.append(f"linux-signatures-nvidia-{host.kernel}")
-    dkms = [f"nvidia-dkms-{flavor}", f"linux-headers-{host.kernel}"]
+    dkms = [f"nvidia-dkms-{flavor}", *(f"linux-headers-{kernel}" for kernel in host.kernels)]
     return userspace, precompiled, dkms
 
 
@@ -371,6 +378,7 @@ def host_info(node: Mapping[str, Any]) -> HostInfo:
         kernel=node["kernel"] or "",
         arch=node["arch"] or "amd64",
         secure_boot=node["secure_boot"],
+        boot_kernel=node.get("boot_kernel") or "",
     )
 
 

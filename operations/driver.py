@@ -124,18 +124,20 @@ def driver(
         yield _packages.install(to_install, download=downloaded is None)
     loaded = facts["driver"]["kernel_module_version"]
     if plan.method == "dkms" and not same_driver(loaded, plan.version):
-        built = facts["built_module_version"]
+        built = {"running": facts["built_module_version"], "boot": facts.get("boot_module_version")}
         if to_install:  # read again after the install; a dry run installed nothing
-            built = _built_version_now() if state.is_executing else plan.version
-        if not same_driver(built, plan.version):
-            found = f"version {built}" if built else "none"
-            kernel = host_info(facts).kernel
-            yield _fail(
-                f"NVIDIA driver {plan.version} is installed but DKMS built no nvidia {plan.version} module for "
-                f"kernel {kernel} (`modinfo -k {kernel} nvidia` finds {found}; see `dkms status` and "
-                "/var/lib/dkms/*/*/build/make.log on the node)"
-            )
-            return
+            built = _built_versions_now() if state.is_executing else dict.fromkeys(built, plan.version)
+        info = host_info(facts)
+        for which, kernel in zip(("running", "boot"), info.kernels, strict=False):
+            if not same_driver(built[which], plan.version):
+                found = f"version {built[which]}" if built[which] else "none"
+                next_boot = ", the kernel this node boots next" if which == "boot" else ""
+                yield _fail(
+                    f"NVIDIA driver {plan.version} is installed but DKMS built no nvidia {plan.version} module for "
+                    f"kernel {kernel}{next_boot} (`modinfo -k {kernel} nvidia` finds {found}; see `dkms status` and "
+                    "/var/lib/dkms/*/*/build/make.log on the node)"
+                )
+                return
     if to_install or decided.to_hold:
         yield _packages.hold(plan.hold)
 
@@ -296,9 +298,11 @@ def _preinstalled(description: str, loaded: DriverInfo, reboot: bool, timeout: i
     host.noop(description)
 
 
-def _built_version_now() -> str | None:
-    """After an install: the version of the nvidia module for the running kernel (read again)."""
-    return host.get_fact(NvidiaHostState)["built_module_version"]
+def _built_versions_now() -> dict[str, str | None]:
+    """After an install: the version of the nvidia module for the running kernel and for the kernel the node
+    boots next (read again)."""
+    found = host.get_fact(NvidiaHostState)
+    return {"running": found["built_module_version"], "boot": found["boot_module_version"]}
 
 
 def _rebooted(timeout: int) -> Generator[Any, Any, None]:

@@ -236,3 +236,25 @@ def test_converged_without_index_query() -> None:
     plan = plan_driver(UBUNTU, req(version="580.126.20"), installed, None)
     assert plan.error == "" and plan.method == "precompiled"
     assert plan_driver(UBUNTU, req(version="580.126.20"), {}, None).error == "query"
+
+
+def test_dkms_builds_for_the_kernel_the_node_boots_next_too() -> None:
+    """A node mid-upgrade: /vmlinuz names a newer kernel than the running one; DKMS needs both kernels'
+    headers, or the node boots into a kernel with no nvidia module."""
+    upgrading = HostInfo("debian", "13", "6.12.117+deb13-amd64", "amd64", secure_boot=False,
+                         boot_kernel="6.12.120+deb13-amd64")  # fmt: skip
+    available = {
+        "nvidia-driver": ["550.163.01-2"],
+        "firmware-nvidia-gsp": ["550.163.01-2"],
+        "nvidia-kernel-dkms": ["550.163.01-2"],
+    }
+    plan = plan_driver(upgrading, req(branch="550", allow_dkms=True), {}, available)
+    assert plan.packages["linux-headers-6.12.117+deb13-amd64"] == ""
+    assert plan.packages["linux-headers-6.12.120+deb13-amd64"] == ""
+    # installed for the running kernel only: not converged, the next kernel's headers are planned
+    installed = {name: version or "6.12.117-1" for name, version in plan.packages.items() if "120" not in name}
+    assert plan_driver(upgrading, req(version="550.163.01", allow_dkms=True), installed, None).error == "query"
+    assert upgrading.kernels == ["6.12.117+deb13-amd64", "6.12.120+deb13-amd64"]
+    assert HostInfo("debian", "13", "6.12.117+deb13-amd64", boot_kernel="6.12.117+deb13-amd64").kernels == [
+        "6.12.117+deb13-amd64"
+    ]
