@@ -114,7 +114,7 @@ def _readiness_facts(binary: str, cdi_spec_dirs: list[str] | None) -> NodeReadin
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def report_at_exit(json_path: str | None) -> None:
