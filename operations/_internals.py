@@ -2,22 +2,32 @@
 
 The rollout conducts every node's turn from inside one operation: it needs the run's State (not
 the context proxy) to key per-run bookkeeping on, pyinfra's pool to read nodes in parallel, each
-host's operation results, and to run operations on another host as if outside an operation.
+host's operation results, and to run operations on another host as if outside an operation. Each
+operation call's order, which pyinfra works out with ``inspect.stack()`` (every frame's source lines
+read, for its line number), is worked out by one walk of the frames instead (``fast_operation_order``).
 ``tests/unit/test_pyinfra_internals.py`` checks each assumption against the installed pyinfra.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any, Protocol, TypeVar
 
+import pyinfra
 from pyinfra import host, state
 from pyinfra.api.exceptions import NestedOperationError
 from pyinfra.api.host import Host
 from pyinfra.api.operation import OperationMeta
 from pyinfra.api.state import State
+from pyinfra.api.util import PYINFRA_INSTALL_DIR
 from pyinfra.context import ctx_host, ctx_state
+
+# pyinfra.api.operation, the module (``pyinfra.api.operation`` also names its decorator)
+PYINFRA_OPERATION_MODULE = importlib.import_module("pyinfra.api.operation")
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -129,3 +139,34 @@ def runs_after_prepare(run: State) -> bool:
     """Whether ``run``'s operations execute right after its prepare pass, with no change detection
     and no prompt between (the CLI's ``-y``, ``State(check_for_changes=False)``)."""
     return not run.should_check_for_changes()
+
+
+def operation_order(run: State, skip: int = 1) -> list[int]:
+    """What pyinfra's ``get_operation_order_from_stack`` returns for the same call stack (from the frame
+    ``skip`` levels above this one outward), without ``inspect.stack()``: the line numbers of the frames
+    outside pyinfra, from the outermost frame of the deploy file being run (the CLI's op file number
+    first), by one walk of the frames that reads no source line."""
+    frames: list[FrameType] = []
+    frame: FrameType | None = sys._getframe(skip)
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    frames.reverse()
+    files = [found.f_code.co_filename for found in frames]
+    start = len(frames)  # as pyinfra: where no frame is of the deploy file, its own frame alone (skipped)
+    if run.current_deploy_filename and run.current_deploy_filename in files:
+        start = files.index(run.current_deploy_filename)
+    elif not run.current_deploy_filename:
+        start = 0
+    numbers = [run.current_op_file_number] if pyinfra.is_cli else []
+    numbers += [
+        found.f_lineno for found, name in zip(frames[start:], files[start:], strict=True)
+        if not name.startswith(PYINFRA_INSTALL_DIR)
+    ]  # fmt: skip
+    return numbers
+
+
+def fast_operation_order() -> None:
+    """pyinfra orders this process's operation calls with ``operation_order`` (the same order, without reading
+    every frame's source: about a third of the controller's time per node went there)."""
+    setattr(PYINFRA_OPERATION_MODULE, "get_operation_order_from_stack", operation_order)  # noqa: B010

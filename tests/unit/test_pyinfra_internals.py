@@ -20,6 +20,7 @@ from pyinfra.operations import server
 
 from pyinfra_gpunode.operations._internals import (
     OP_CONTEXT,
+    PYINFRA_OPERATION_MODULE,
     changed_operations,
     current_host,
     current_operation,
@@ -29,6 +30,7 @@ from pyinfra_gpunode.operations._internals import (
     in_a_run,
     node_changes,
     on_host,
+    operation_order,
     operation_result,
     outside_operation,
     runs_after_prepare,
@@ -160,3 +162,51 @@ def test_first_failure_names_the_first_failed_operation_and_its_stderr(run: Stat
     assert name == "nested: fails" and "nested failure" in stderr, (
         "State.ops[host] order, OperationMeta.did_succeed() or .stderr changed"
     )
+
+
+def _two_ops() -> None:
+    """Operation calls two frames deep, as a pipeline makes them from a deploy file."""
+    server.shell(name="order: first", commands=["true"])
+    for _ in range(2):  # one line, twice: pyinfra tells the calls apart by their count
+        server.shell(name="order: looped", commands=["true"])
+
+
+@pytest.mark.parametrize("deploy_file", [__file__, "/elsewhere/deploy.py", None], ids=["on-stack", "off", "none"])
+def test_operation_order_is_pyinfras_own_for_the_same_stack(
+    monkeypatch: pytest.MonkeyPatch, deploy_file: str | None
+) -> None:
+    """pyinfra orders operation calls by the call stack only in the CLI: called as the CLI calls them, from a
+    deploy file that is on the stack, one that is not, and none."""
+    import pyinfra
+    from pyinfra.api import util
+    from pyinfra.api.state import StateStage
+    from pyinfra.context import ctx_host, ctx_state
+
+    seen: list[tuple[list[int], list[int]]] = []
+
+    def both(state: State) -> list[int]:
+        theirs, ours = util.get_operation_order_from_stack(state), operation_order(state)  # one line: one lineno
+        seen.append((list(theirs), ours))  # pyinfra extends the list it gets
+        return theirs
+
+    monkeypatch.setattr(PYINFRA_OPERATION_MODULE, "get_operation_order_from_stack", both)
+    monkeypatch.setattr(pyinfra, "is_cli", True)
+    data = {"fake_delay": 0, "fake_delay_jitter": 0}
+    state = State(inventory=Inventory(([("@fake/a", data)], {})), config=Config())
+    state.current_deploy_filename, state.current_op_file_number = deploy_file, 3
+    connect_all(state)
+    try:
+        state.set_stage(StateStage.Prepare)  # as the CLI does before it loads the deploy file
+        with ctx_state.use(state), ctx_host.use(state.inventory.get_host("@fake/a")):
+            _two_ops()
+    finally:
+        disconnect_all(state)
+    assert len(seen) == 3 and all(theirs == ours for theirs, ours in seen), seen
+    assert len({tuple(theirs) for theirs, _ in seen}) == (1 if deploy_file == "/elsewhere/deploy.py" else 2)
+
+
+def test_the_pipelines_order_operations_by_one_frame_walk() -> None:
+
+    import pyinfra_gpunode.pipelines  # noqa: F401  (installs it)
+
+    assert PYINFRA_OPERATION_MODULE.get_operation_order_from_stack is operation_order
