@@ -9,6 +9,7 @@ the parser cannot descend.
 
 from __future__ import annotations
 
+import copy
 import tomllib
 from typing import Any
 
@@ -32,8 +33,27 @@ def depth(data: Any) -> int:
     return deepest
 
 
+# Texts parsed in this process, by text (a fleet's nodes carry the same files; one node's files are read by
+# several steps): each parsed once, handed out as a copy. Only small texts, and a bounded number of them.
+CACHED_BYTES = 64 << 10
+CACHED_TEXTS = 256
+_parsed: dict[str, dict[str, Any]] = {}
+
+
 def loads(text: str) -> dict[str, Any]:
-    """``tomllib.loads(text)``, raising ``tomllib.TOMLDecodeError`` for a text or document beyond the limits."""
+    """``tomllib.loads(text)``, raising ``tomllib.TOMLDecodeError`` for a text or document beyond the limits;
+    a small text parsed before is not parsed again (the caller gets its own copy)."""
+    found = _parsed.get(text)
+    if found is None:
+        found = _parsed_within_limits(text)
+        if len(text) <= CACHED_BYTES:
+            if len(_parsed) >= CACHED_TEXTS:
+                _parsed.clear()
+            _parsed[text] = found
+    return copy.deepcopy(found)
+
+
+def _parsed_within_limits(text: str) -> dict[str, Any]:
     if len(text) > MAX_BYTES:
         raise tomllib.TOMLDecodeError(f"{len(text)} characters: more than {MAX_BYTES} are not read")
     try:

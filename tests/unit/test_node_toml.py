@@ -37,3 +37,26 @@ def test_a_deep_dump_is_the_dumps_error() -> None:
     lines = [*ARRAYS.splitlines(), "### gpunode-stderr", "### gpunode-rc 0"]
     dump = ContainerdConfigDump().process(lines)
     assert dump["summary"] is None and dump["error"] is not None and "nested too deeply" in dump["error"]
+
+
+def test_a_text_parsed_again_is_a_copy_of_the_first_parse() -> None:
+    text = 'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n  default_runtime_name = "runc"\n'
+    first = node_toml.loads(text)
+    first["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["default_runtime_name"] = "changed by a caller"
+    second = node_toml.loads(text)
+    assert second["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["default_runtime_name"] == "runc"
+    assert text in node_toml._parsed  # parsed once
+    deep = "x = " + "[" * 200 + "]" * 200 + "\n"
+    for _ in range(2):  # a refused text is refused each time, never cached
+        with pytest.raises(tomllib.TOMLDecodeError):
+            node_toml.loads(deep)
+    assert deep not in node_toml._parsed
+
+
+def test_the_cache_holds_only_small_texts_and_a_bounded_number() -> None:
+    big = "x = '" + "y" * (node_toml.CACHED_BYTES + 1) + "'\n"
+    node_toml.loads(big)
+    assert big not in node_toml._parsed
+    for index in range(node_toml.CACHED_TEXTS + 5):
+        node_toml.loads(f"n = {index}\n")
+    assert len(node_toml._parsed) <= node_toml.CACHED_TEXTS
