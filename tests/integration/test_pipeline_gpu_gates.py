@@ -220,13 +220,19 @@ def test_a_toolkit_upgrade_is_made_in_the_nodes_turn() -> None:
 def steps(target: str, data: dict[str, Any]) -> list[str]:
     """The steps gpu_node_prepared adds on this one node, in order (one node per run: in API mode pyinfra
     tells operations apart by their count on each host)."""
+    state = prepared(target, data)
+    return [sorted(state.op_meta[op].names)[0].rsplit(" | ", 1)[-1] for op in state.get_op_order()]
+
+
+def prepared(target: str, data: dict[str, Any]) -> State:
+    """A run of one node whose gpu_node_prepared steps are added (prepared, not run)."""
     state = State(inventory=Inventory(([(target, data)], {})), config=Config())
     connect_all(state)
     try:
         add_deploy(state, gpu_node_prepared)
     finally:
         disconnect_all(state)
-    return [sorted(state.op_meta[op].names)[0].rsplit(" | ", 1)[-1] for op in state.get_op_order()]
+    return state
 
 
 def test_a_turns_packages_are_downloaded_before_the_rollout_on_its_node_only() -> None:
@@ -251,12 +257,7 @@ def test_a_module_missing_for_the_next_kernel_is_planned_and_pending(caplog: pyt
     boot = ["@@boot_release", following, "@@boot_kmod", "@@boot_kmod_version"]
     responses[NvidiaHostState().command()] = [*responses[NvidiaHostState().command()], *boot]
     responses.update(snapshot(responses))
-    state = State(inventory=Inventory(([(target, data)], {})), config=Config())
-    connect_all(state)
-    try:
-        add_deploy(state, gpu_node_prepared)
-    finally:
-        disconnect_all(state)
+    state = prepared(target, data)
 
     warning = (
         f"the nvidia module is built for the running kernel 6.12.117+deb13-amd64 but not for {following}, the "
