@@ -53,4 +53,4 @@ def skew_warnings(host: Any) -> list[tuple[str, str]]:
         )),
         ("userspace", mixed_userspace(host["packages"])),
     ]  # fmt: skip
-    return [(what, warning) for what, warning in found if warning]
+    return [(what, without_controls(warning)) for what, warning in found if warning]  # names read from the node

@@ -54,3 +54,15 @@ def test_userspace_libraries_of_two_driver_versions_are_named() -> None:
     ubuntu = {"libnvidia-compute-580": {"version": "580.126.20-0ubuntu0.24.04.2", "held": True},
               "libnvidia-gl-580": {"version": "580.126.20-0ubuntu0.24.04.2", "held": True}}  # fmt: skip
     assert mixed_userspace(ubuntu) is None
+
+
+def test_package_names_read_from_the_node_are_shown_printable() -> None:
+    from pyinfra_gpunode.driver_skew import skew_warnings
+
+    host = {
+        "kernel": RUNNING, "boot_kernel": None, "module_built": True, "boot_module_built": False,
+        "boot_module_version": None, "driver": {"userspace_version": "550.163.01"},
+        "packages": {"libnvidia-ml1": {"version": "550.163.01-2"}, "libcuda1\x1b[2J": {"version": "535.247.01-1"}},
+    }  # fmt: skip
+    ((what, warning),) = skew_warnings(host)
+    assert what == "userspace" and "\x1b" not in warning and "libcuda1" in warning
