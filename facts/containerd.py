@@ -30,7 +30,7 @@ from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, resolve_tr
 from pyinfra_gpunode.facts._composite import Part
 from pyinfra_gpunode.facts.platform import ContainerdPlatform
 from pyinfra_gpunode.platform import ContainerdPlatformInfo, owning_platform
-from pyinfra_gpunode.read_limits import DUMP_BYTES, TIMED_OUT, VERSION_SECONDS, did_not_answer
+from pyinfra_gpunode.read_limits import DUMP_BYTES, TIMED_OUT, TIMED_OUT_LINE, VERSION_SECONDS, did_not_answer
 from pyinfra_gpunode.read_limits import dump_seconds as limit_of_dump
 from pyinfra_gpunode.rollout import MARKER_BYTES, TURN_MARKER
 from pyinfra_gpunode.sections import MARK, marker, split_sections
@@ -58,7 +58,7 @@ _CRI = shell.script(_SHELL / "containerd-cri.sh")
 
 
 # containerd's version, or VERSION_TIMED_OUT where it did not answer in time.
-VERSION_TIMED_OUT = "### gpunode-timeout"
+VERSION_TIMED_OUT = TIMED_OUT_LINE
 VERSION_COMMAND = (
     f"timeout {VERSION_SECONDS} containerd --version || [ $? != {TIMED_OUT} ] || echo {shlex.quote(VERSION_TIMED_OUT)}"
 )

@@ -11,9 +11,9 @@ from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 from typing_extensions import override
 
-from pyinfra_gpunode.read_limits import APT_SECONDS, TIMED_OUT, did_not_answer
+from pyinfra_gpunode.read_limits import APT_SECONDS, TIMED_OUT, TIMED_OUT_LINE, did_not_answer
 
-APT_TIMED_OUT = "### gpunode-timeout"  # apt-cache did not answer within APT_SECONDS
+APT_TIMED_OUT = TIMED_OUT_LINE  # apt-cache did not answer within APT_SECONDS
 MADISON_LINES_MAX = 20000  # lines an answer may have: a version per line, of a few dozen packages
 
 # apt options that keep apt-cache from writing its binary caches (pkgcache.bin, srcpkgcache.bin).

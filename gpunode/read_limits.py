@@ -18,6 +18,7 @@ JOURNAL_SECONDS = 30  # a journal read (containerd's signals, its CRI lines, the
 # found by then is what is judged (the shell programs write the same number: a journal read never fails a node)
 DUMP_BYTES = node_toml.MAX_BYTES + 1  # of a dump's output: one byte more than node_toml reads, so it says so
 TIMED_OUT = 124  # timeout's exit status for a program it ended
+TIMED_OUT_LINE = "### gpunode-timeout"  # what a read prints in place of an answer that did not come in time
 
 
 _UNANSWERED = " did not answer within "
