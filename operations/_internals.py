@@ -4,7 +4,9 @@ The rollout conducts every node's turn from inside one operation: it needs the r
 the context proxy) to key per-run bookkeeping on, pyinfra's pool to read nodes in parallel, each
 host's operation results, and to run operations on another host as if outside an operation. Each
 operation call's order, which pyinfra works out with ``inspect.stack()`` (every frame's source lines
-read, for its line number), is worked out by one walk of the frames instead (``fast_operation_order``).
+read, for its line number), is worked out by one walk of the frames instead; the global arguments' names
+and types, which pyinfra works out with ``get_type_hints`` for every operation, deploy and fact call,
+once per process (``faster_pyinfra``).
 ``tests/unit/test_pyinfra_internals.py`` checks each assumption against the installed pyinfra.
 """
 
@@ -28,6 +30,9 @@ from pyinfra.context import ctx_host, ctx_state
 
 # pyinfra.api.operation, the module (``pyinfra.api.operation`` also names its decorator)
 PYINFRA_OPERATION_MODULE = importlib.import_module("pyinfra.api.operation")
+# The modules that call ``all_global_arguments`` by their own global name.
+PYINFRA_ARGUMENT_USERS = tuple(importlib.import_module(name) for name in ("pyinfra.api.arguments", "pyinfra.api.facts"))
+PYINFRA_ALL_GLOBAL_ARGUMENTS: Callable[[], list[tuple[str, type]]] = PYINFRA_ARGUMENT_USERS[0].all_global_arguments
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -166,7 +171,22 @@ def operation_order(run: State, skip: int = 1) -> list[int]:
     return numbers
 
 
-def fast_operation_order() -> None:
+_GLOBAL_ARGUMENTS: list[tuple[str, type]] = []
+
+
+def global_arguments() -> list[tuple[str, type]]:
+    """What pyinfra's ``all_global_arguments`` returns (every global argument's name and type, from
+    ``get_type_hints`` of a TypedDict that does not change in a process), worked out once; a new list each call."""
+    if not _GLOBAL_ARGUMENTS:
+        _GLOBAL_ARGUMENTS.extend(PYINFRA_ALL_GLOBAL_ARGUMENTS())
+    return list(_GLOBAL_ARGUMENTS)
+
+
+def faster_pyinfra() -> None:
     """pyinfra orders this process's operation calls with ``operation_order`` (the same order, without reading
-    every frame's source: about a third of the controller's time per node went there)."""
+    every frame's source: about a third of the controller's time per node went there) and reads the global
+    arguments from ``global_arguments`` (the same list, without evaluating type hints for every operation,
+    deploy and fact call: a sixth of what was left)."""
     setattr(PYINFRA_OPERATION_MODULE, "get_operation_order_from_stack", operation_order)  # noqa: B010
+    for module in PYINFRA_ARGUMENT_USERS:
+        setattr(module, "all_global_arguments", global_arguments)  # noqa: B010

@@ -20,6 +20,8 @@ from pyinfra.operations import server
 
 from pyinfra_gpunode.operations._internals import (
     OP_CONTEXT,
+    PYINFRA_ALL_GLOBAL_ARGUMENTS,
+    PYINFRA_ARGUMENT_USERS,
     PYINFRA_OPERATION_MODULE,
     changed_operations,
     current_host,
@@ -27,6 +29,7 @@ from pyinfra_gpunode.operations._internals import (
     current_state,
     failed_operation,
     first_failure,
+    global_arguments,
     in_a_run,
     node_changes,
     on_host,
@@ -205,8 +208,20 @@ def test_operation_order_is_pyinfras_own_for_the_same_stack(
     assert len({tuple(theirs) for theirs, _ in seen}) == (1 if deploy_file == "/elsewhere/deploy.py" else 2)
 
 
-def test_the_pipelines_order_operations_by_one_frame_walk() -> None:
+def test_the_pipelines_order_operations_by_one_frame_walk_and_read_the_global_arguments_once() -> None:
 
     import pyinfra_gpunode.pipelines  # noqa: F401  (installs it)
 
     assert PYINFRA_OPERATION_MODULE.get_operation_order_from_stack is operation_order
+    assert all(module.all_global_arguments is global_arguments for module in PYINFRA_ARGUMENT_USERS)
+
+
+def test_global_arguments_are_pyinfras_own_and_a_new_list_each_call() -> None:
+    """pyinfra's own function (kept before it is replaced), against the one worked out once; a caller that
+    changes the list it got does not change the next caller's."""
+    theirs = PYINFRA_ALL_GLOBAL_ARGUMENTS()
+    assert global_arguments() == theirs
+    got = global_arguments()
+    got.clear()
+    assert global_arguments() == theirs
+    assert {name for name, _ in theirs} >= {"_sudo", "_serial", "_if", "_retries"}
