@@ -13,6 +13,7 @@ from pyinfra_gpunode.facts.gpus import NvidiaGpus, PciInfo
 from pyinfra_gpunode.facts.identity import NodeIdentity
 from pyinfra_gpunode.facts.kernel import HostPrepInfo, HostPrepState
 from pyinfra_gpunode.facts.readiness import NodeReadiness, NodeReadinessInfo
+from pyinfra_gpunode.memo import by_content
 from pyinfra_gpunode.node_identity import Reported
 
 KIND_PART = "@@gpunode-kind:"
@@ -23,6 +24,12 @@ class NodeKindInfo(TypedDict):
 
     distribution: LinuxDistributionDict
     gpus: PciInfo
+
+
+@by_content  # a fleet's nodes send the same release files; pyinfra's process makes a directory each time
+def _distribution(lines: list[str]) -> LinuxDistributionDict:
+    """pyinfra's ``LinuxDistribution`` of the node's release files ``lines``, as that fact returns it."""
+    return LinuxDistribution().process(lines)
 
 
 class NodeKind(FactBase[NodeKindInfo]):
@@ -40,7 +47,9 @@ class NodeKind(FactBase[NodeKindInfo]):
     """
 
     parts: ClassVar[dict[str, Part]] = {
-        "distribution": Part(LinuxDistribution, script=lambda arguments: f"({LinuxDistribution().command()})"),
+        "distribution": Part(
+            LinuxDistribution, script=lambda arguments: f"({LinuxDistribution().command()})", read=_distribution
+        ),
         "gpus": Part(NvidiaGpus),
     }
 

@@ -44,6 +44,7 @@ from jinja2 import Environment, StrictUndefined
 from pyinfra_gpunode import node_json, node_toml
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, load_order, parsed, resolve_tree
 from pyinfra_gpunode.log import CONTROL, without_controls
+from pyinfra_gpunode.memo import by_content
 from pyinfra_gpunode.settings import CONTAINERD_MODE, DROPIN_DIR, RUNTIME_BINARY
 from pyinfra_gpunode.versions import ContainerdVersionInfo
 
@@ -638,6 +639,7 @@ def staged_imports(config_text: str, stage: str = "@GPUNODE_STAGE@", root: str =
     return tomlkit.dumps(doc)
 
 
+@by_content  # a fleet's nodes carry the same files: each tree planned once, every node its own copy
 def plan(
     main_path: str,
     texts: dict[str, str],
