@@ -186,6 +186,27 @@ def _current(read: _Read, changes: int) -> bool:
 
 
 def _arguments(fact: Fact, kwargs: dict[str, Any]) -> dict[str, Any]:
-    bound = inspect.signature(fact().command).bind(**kwargs)
-    bound.apply_defaults()
-    return dict(bound.arguments)
+    """``fact``'s command arguments ``kwargs`` with the defaults of those not given (a wrong name raises);
+    bound once per fact and arguments (a node's reads ask for the same few, many times), a new dict each call."""
+    key = (fact, repr(sorted(kwargs.items())))
+    if key not in _BOUND:
+        bound = _command_signature(fact).bind(**kwargs)
+        bound.apply_defaults()
+        if len(_BOUND) >= _BOUND_KEPT:
+            _BOUND.clear()
+        _BOUND[key] = dict(bound.arguments)
+    return dict(_BOUND[key])
+
+
+_BOUND: dict[tuple[Fact, str], dict[str, Any]] = {}
+_BOUND_KEPT = 256
+
+
+_SIGNATURES: dict[Fact, inspect.Signature] = {}
+
+
+def _command_signature(fact: Fact) -> inspect.Signature:
+    """The signature of ``fact``'s command (read once per fact class: it is asked for on every fact read)."""
+    if fact not in _SIGNATURES:
+        _SIGNATURES[fact] = inspect.signature(fact().command)
+    return _SIGNATURES[fact]

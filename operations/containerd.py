@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import posixpath
@@ -91,9 +92,15 @@ def registration(**given: Any) -> Registration:
 
 def bound_arguments(**given: Any) -> RuntimeArguments:
     """``nvidia_runtime``'s arguments ``given``, with the defaults of those not given (a wrong name raises)."""
-    bound = inspect.signature(nvidia_runtime).bind(**given)
+    bound = _runtime_signature().bind(**given)
     bound.apply_defaults()
     return cast(RuntimeArguments, dict(bound.arguments))
+
+
+@functools.cache
+def _runtime_signature() -> inspect.Signature:
+    """``nvidia_runtime``'s signature, read once."""
+    return inspect.signature(nvidia_runtime)
 
 
 def _check_arguments(mode: str, binary: str, dropin_dir: str, cdi_spec_dirs: list[str] | None, **_: Any) -> None:
