@@ -8,7 +8,6 @@ skipped. Later files win.
 
 from __future__ import annotations
 
-import copy
 import functools
 import posixpath
 import re
@@ -205,7 +204,7 @@ def parsed(config: ConfigFile) -> dict[str, Any]:
 def toml_data(text: str) -> dict[str, Any]:
     """``node_toml.loads(text)``, a fresh copy each time: the same config text is parsed once per process (a
     run reads each node's files in several steps, and many nodes share one text)."""
-    return copy.deepcopy(_parsed_text(text))
+    return node_toml.copied(_parsed_text(text))
 
 
 @functools.lru_cache(maxsize=64)

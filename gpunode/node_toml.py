@@ -10,6 +10,7 @@ the parser cannot descend.
 from __future__ import annotations
 
 import copy
+import datetime
 import tomllib
 from typing import Any
 
@@ -50,7 +51,24 @@ def loads(text: str) -> dict[str, Any]:
             if len(_parsed) >= CACHED_TEXTS:
                 _parsed.clear()
             _parsed[text] = found
-    return copy.deepcopy(found)
+    return copied(found)
+
+
+def copied(data: Any) -> Any:
+    """A copy of parsed TOML ``data`` no change to which reaches ``data``: its tables and arrays copied, its
+    values (strings, numbers, booleans, dates and times: none can be changed) shared. Several times faster
+    than ``copy.deepcopy``, which a run paid for every node's dump; anything else is deep-copied."""
+    kind = type(data)
+    if kind is dict:
+        return {key: copied(value) for key, value in data.items()}
+    if kind is list:
+        return [copied(value) for value in data]
+    if kind in _UNCHANGING:
+        return data
+    return copy.deepcopy(data)
+
+
+_UNCHANGING = frozenset({str, int, float, bool, type(None), datetime.datetime, datetime.date, datetime.time})
 
 
 def _parsed_within_limits(text: str) -> dict[str, Any]:

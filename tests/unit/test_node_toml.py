@@ -60,3 +60,17 @@ def test_the_cache_holds_only_small_texts_and_a_bounded_number() -> None:
     for index in range(node_toml.CACHED_TEXTS + 5):
         node_toml.loads(f"n = {index}\n")
     assert len(node_toml._parsed) <= node_toml.CACHED_TEXTS
+
+
+def test_a_copy_shares_no_table_or_array_with_the_parsed_text() -> None:
+    """Each caller changes its own copy: tables and arrays, however nested, are new; values are equal."""
+    text = 'a = [1, [2, {x = 3}]]\n[t.u]\nd = 1979-05-27T07:32:00Z\nday = 1979-05-27\ns = "v"\n'
+    first = node_toml.loads(text)
+    first["a"][1][1]["x"] = 99
+    first["t"]["u"]["s"] = "changed"
+    first["a"].append(4)
+    second = node_toml.loads(text)
+    assert second == tomllib.loads(text)
+    copy = node_toml.copied(second)
+    assert copy == second and copy["t"] is not second["t"] and copy["a"][1] is not second["a"][1]
+    assert node_toml.copied({"kept": (1, [2])})["kept"] == (1, [2])  # anything else: deep-copied
