@@ -15,16 +15,16 @@ from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError, PyinfraError
 from typing_extensions import override
 
-from pyinfra_gpunode import node_toml, shell
+from pyinfra_gpunode import shell
 from pyinfra_gpunode.containerd_dropin import OUR_DROPIN
 from pyinfra_gpunode.containerd_dump import (
     CriLoaded,
     DumpSummary,
     parse_cri_loaded,
     parse_cri_start_log,
+    parsed_dump,
     summarize,
     warning_text,
-    with_shared_keys,
 )
 from pyinfra_gpunode.containerd_files import CONFIG_ROOT, ConfigFile, resolve_tree
 from pyinfra_gpunode.facts._composite import Part
@@ -232,7 +232,7 @@ def _process_dump(output: list[str]) -> DumpInfo:
     if rc != "0":
         return {"summary": None, "dump": {}, "warnings": warnings, "error": "\n".join(stderr) or rc_line}
     try:
-        dump = with_shared_keys(node_toml.loads("\n".join(output[:marker])))
+        dump = parsed_dump("\n".join(output[:marker]))
     except tomllib.TOMLDecodeError as exc:
         return {"summary": None, "dump": {}, "warnings": warnings, "error": f"dump is not TOML: {exc}"}
     return {"summary": summarize(dump), "dump": dump, "warnings": warnings, "error": None}

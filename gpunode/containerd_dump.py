@@ -11,7 +11,7 @@ import sys
 from collections.abc import Collection
 from typing import Any, TypedDict
 
-from pyinfra_gpunode import node_json
+from pyinfra_gpunode import node_json, node_toml
 from pyinfra_gpunode.containerd_dropin import (
     CRI_V2,
     CRI_V3_IMAGES,
@@ -22,6 +22,7 @@ from pyinfra_gpunode.containerd_dropin import (
     RUNTIME,
     flatten,
 )
+from pyinfra_gpunode.memo import by_content
 from pyinfra_gpunode.redaction import is_secret as is_secret  # redaction's home is pyinfra_gpunode.redaction
 from pyinfra_gpunode.redaction import redacted as redacted
 from pyinfra_gpunode.redaction import shown
@@ -48,6 +49,14 @@ def cri_tables(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
     plugins = dump.get("plugins", {})
     names = (CRI_V3_RUNTIME, CRI_V3_IMAGES) if dump.get("version", 0) >= 3 else (CRI_V2,)
     return {name: plugins.get(name, {}) for name in names}
+
+
+@by_content  # every node of a fleet whose configs are alike dumps the same text
+def parsed_dump(text: str) -> dict[str, Any]:
+    """``containerd config dump``'s ``text`` parsed within ``node_toml``'s limits, its keys shared
+    (``with_shared_keys``); raises ``tomllib.TOMLDecodeError`` where it is no TOML or beyond the limits."""
+    parsed: dict[str, Any] = with_shared_keys(node_toml.loads(text))
+    return parsed
 
 
 def with_shared_keys(data: Any) -> Any:

@@ -15,6 +15,7 @@ import tomllib
 from typing import Any, TypedDict
 
 from pyinfra_gpunode import node_toml
+from pyinfra_gpunode.memo import by_content, copied
 
 CONFIG_ROOT = "/etc/containerd"
 _GLOB_META = re.compile(r"[*?\[]")
@@ -127,6 +128,7 @@ def _inside(entry: str, importer: str, root: str = CONFIG_ROOT) -> bool:
     return posixpath.normpath(path).startswith(root + "/")
 
 
+@by_content  # a fleet's nodes carry the same files; each node's steps resolve its tree several times
 def resolve_tree(main_path: str, texts: dict[str, str], root: str = CONFIG_ROOT) -> ConfigTree:
     """Walk the main config's imports breadth-first over the files in ``texts``.
 
@@ -204,7 +206,7 @@ def parsed(config: ConfigFile) -> dict[str, Any]:
 def toml_data(text: str) -> dict[str, Any]:
     """``node_toml.loads(text)``, a fresh copy each time: the same config text is parsed once per process (a
     run reads each node's files in several steps, and many nodes share one text)."""
-    return node_toml.copied(_parsed_text(text))
+    return copied(_parsed_text(text))
 
 
 @functools.lru_cache(maxsize=64)

@@ -5,12 +5,13 @@ A fleet's nodes mostly carry the same files, release files and configs: what a p
 node's is what it makes of the next one's. ``by_content`` keeps a bounded number of results, keyed by the
 ``repr`` of the arguments (plain values: strings, numbers, lists, dicts, frozen dataclasses; two different
 values never share a ``repr``, equal ones written in another order only miss), and hands each caller its own
-deep copy, so no caller sees another's changes. Exceptions are raised again on each call, never kept.
+copy (``copied``), so no caller sees another's changes. Exceptions are raised again on each call, never kept.
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
 import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -37,7 +38,25 @@ def by_content(function: F) -> F:
                 if len(kept) >= KEPT_RESULTS:
                     kept.clear()
                 kept[key] = found
-        return copy.deepcopy(found)
+        return copied(found)
 
     remembered.forget = kept.clear  # type: ignore[attr-defined]
     return cast(F, remembered)
+
+
+def copied(data: Any) -> Any:
+    """A copy of ``data`` no change to which reaches ``data``: dicts and lists (parsed TOML and JSON, and what
+    is made of them) copied level by level, values no one can change (strings, numbers, booleans, dates and
+    times) shared, anything else deep-copied. Several times faster than ``copy.deepcopy`` on parsed
+    configs, which a run paid for every node's dump."""
+    kind = type(data)
+    if kind is dict:
+        return {key: copied(value) for key, value in data.items()}
+    if kind is list:
+        return [copied(value) for value in data]
+    if kind in _UNCHANGING:
+        return data
+    return copy.deepcopy(data)
+
+
+_UNCHANGING = frozenset({str, int, float, bool, type(None), datetime.datetime, datetime.date, datetime.time})

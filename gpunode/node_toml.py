@@ -9,10 +9,10 @@ the parser cannot descend.
 
 from __future__ import annotations
 
-import copy
-import datetime
 import tomllib
 from typing import Any
+
+from pyinfra_gpunode.memo import copied
 
 MAX_BYTES = 4 << 20  # far above any containerd config or dump (tens of KB)
 MAX_DEPTH = 64  # containerd's deepest tables are about 10 levels
@@ -51,24 +51,7 @@ def loads(text: str) -> dict[str, Any]:
             if len(_parsed) >= CACHED_TEXTS:
                 _parsed.clear()
             _parsed[text] = found
-    return copied(found)
-
-
-def copied(data: Any) -> Any:
-    """A copy of parsed TOML ``data`` no change to which reaches ``data``: its tables and arrays copied, its
-    values (strings, numbers, booleans, dates and times: none can be changed) shared. Several times faster
-    than ``copy.deepcopy``, which a run paid for every node's dump; anything else is deep-copied."""
-    kind = type(data)
-    if kind is dict:
-        return {key: copied(value) for key, value in data.items()}
-    if kind is list:
-        return [copied(value) for value in data]
-    if kind in _UNCHANGING:
-        return data
-    return copy.deepcopy(data)
-
-
-_UNCHANGING = frozenset({str, int, float, bool, type(None), datetime.datetime, datetime.date, datetime.time})
+    return copied(found)  # each caller its own
 
 
 def _parsed_within_limits(text: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import pytest
 from pyinfra_gpunode import node_toml
 from pyinfra_gpunode.containerd_files import parse_config_file
 from pyinfra_gpunode.facts.containerd import ContainerdConfigDump
+from pyinfra_gpunode.memo import copied
 
 # 1 KB or so each: arrays and inline tables beyond what tomllib's recursion reaches, and dotted tables it
 # parses but no recursive walk after it (a deep copy, flatten) could.
@@ -71,6 +72,6 @@ def test_a_copy_shares_no_table_or_array_with_the_parsed_text() -> None:
     first["a"].append(4)
     second = node_toml.loads(text)
     assert second == tomllib.loads(text)
-    copy = node_toml.copied(second)
+    copy = copied(second)
     assert copy == second and copy["t"] is not second["t"] and copy["a"][1] is not second["a"][1]
-    assert node_toml.copied({"kept": (1, [2])})["kept"] == (1, [2])  # anything else: deep-copied
+    assert copied({"kept": (1, [2])})["kept"] == (1, [2])  # anything else: deep-copied
