@@ -176,8 +176,10 @@ def _write_json(run: State, reports: dict[str, Report], json_path: str, complete
 
 
 def _print_when_complete(run: State, reports: dict[str, Report], json_path: str | None) -> None:
+    if run_state(run).readiness_printed or len(reports) < run.inventory.len_active_hosts():
+        return  # not every node read yet, known without a walk of the inventory for each node
     order = [node.name for node in run.inventory if node in run.active_hosts]
-    if run_state(run).readiness_printed or not all(name in reports for name in order):
+    if not all(name in reports for name in order):
         return
     run_state(run).readiness_printed = True
     ordered = [reports[name] for name in order]

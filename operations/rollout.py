@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Generator, Mapping
+from collections.abc import Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -108,7 +108,7 @@ def node_unlocked() -> Generator[Any, Any, None]:
 
 @operation(is_idempotent=False, idempotent_notice="Writes and restarts only on nodes whose config differs.")
 def nvidia_runtime_rolled_out(
-    order: list[str],
+    order: Sequence[str],
     nodes: dict[str, NodeSettings] | None = None,
     batch: int | str = ROLLOUT_BATCH,
     canary: int = 0,

@@ -153,7 +153,7 @@ def _register(settings: Settings | None) -> None:
     policy = _rollout_policy(current_state())
     rollout.nvidia_runtime_rolled_out(
         name="containerd: nvidia runtime rolled out in turns",
-        order=list(policy.order),
+        order=policy.order,  # one tuple for every node: pyinfra keeps each node's arguments for the run
         nodes=nodes,
         batch=policy.batch,
         canary=policy.canary,
@@ -171,6 +171,8 @@ def _arrived() -> None:
     if run.is_executing or found.plan_printed:
         return
     found.arrived.add(host.name)
+    if len(found.arrived) < run.inventory.len_active_hosts():  # not all yet, without a walk of the inventory
+        return
     if {other.name for other in run.inventory.get_active_hosts()} <= found.arrived:
         found.plan_printed = True
         try:
@@ -426,4 +428,5 @@ def _prepare() -> None:
     else:
         _report().skipped.append("driver, Fabric Manager, toolkit, CDI: no NVIDIA GPU")
         logger.info("%sno NVIDIA GPU: driver, Fabric Manager, toolkit and CDI steps skipped", host.print_prefix)
-    nvidia_runtime_registered(settings=settings)
+    with node_boundary("the containerd runtime"):  # nvidia_runtime_registered's steps, without a nested deploy
+        _register(settings)
