@@ -1,12 +1,14 @@
 """Controller: deploys/gpu_node.py's controller alone over 1,000 and 5,000 simulated nodes, beside pyinfra's floor.
 
-    .venv/bin/python bench/controller.py [--nodes 1000,5000] [--runs 1] [--profile]   # tens of minutes
-    .venv/bin/python bench/controller.py --record                # as root: boots one test host, ~20 s
+    .venv/bin/python bench/controller.py [--node plain|gpu] [--nodes 1000,5000] [--runs 1] [--profile]
+    .venv/bin/python bench/controller.py [--node plain|gpu] --record   # as root: boots one test host, ~30 s
 
 Every node answers through ``ReplayConnector`` (bench/replay.py) from the recorded answers of one real,
-converged test host (``bench/recordings/trixie-converged.json``): no SSH, no containers, nothing runs
-anywhere but in the controller. Per node count, each configuration runs as the ``pyinfra`` command in a
-fresh process, measured by ``wait4``: CPU seconds (user + system) and peak RSS, each also per node:
+converged test host (``bench/recordings/trixie-converged.json``; with ``--node gpu``, a GPU node's,
+``trixie-gpu-converged.json``, whose driver, toolkit and CDI steps are in the no-op too): no SSH, no
+containers, nothing runs anywhere but in the controller. Per node count, each configuration runs as the
+``pyinfra`` command in a fresh process, measured by ``wait4``: CPU seconds (user + system) and peak RSS,
+each also per node:
 
 - no-op run: ``pyinfra -y INVENTORY deploys/gpu_node.py`` on converged nodes (one command per node);
 - dry-run plan: ``pyinfra --dry INVENTORY deploys/gpu_node.py``;
@@ -21,9 +23,11 @@ profiled (cProfile, at the smallest node count; ``--profile``: both kinds at the
 top 25 functions by cumulative time, and each library's share of the time. Medians of ``--runs``; the
 machine's load average is printed beside the figures (CPU seconds move less with it than wall time).
 
-``--record`` boots one trixie test host (fleet ``ctlbench-rec``, host ``ctlrec1``, no GPU), converges it
-with ``pyinfra -y deploys/gpu_node.py`` over SSH, runs the configurations above against it through
-``RecordingConnector`` and writes every command's answer to the recordings file, then tears it down.
+``--record`` boots one trixie test host (fleet ``ctlbench-rec``, host ``ctlrec1``; no GPU, or with
+``--node gpu`` a preinstalled driver's GPU node planted as the fleet tests plant it), converges it with
+``pyinfra -y deploys/gpu_node.py`` over SSH, runs the configurations above against it through
+``RecordingConnector`` and writes every command's answer (and whether the node was ready) to the
+recordings file, then tears it down.
 A command the recordings lack stops the bench naming it: record again after a fact's command changed.
 """
 
@@ -49,7 +53,10 @@ sys.path.insert(0, str(REPO))
 
 from replay import Answer, RecordingConnector, ReplayConnector, load, save, use_connector  # noqa: E402
 
-RECORDING = REPO / "bench" / "recordings" / "trixie-converged.json"
+RECORDINGS = {
+    "plain": REPO / "bench" / "recordings" / "trixie-converged.json",
+    "gpu": REPO / "bench" / "recordings" / "trixie-gpu-converged.json",
+}
 KINDS = {
     "no-op": ("-y", "INVENTORY", "deploys/gpu_node.py"),
     "dry run": ("--dry", "INVENTORY", "deploys/gpu_node.py"),
@@ -58,6 +65,10 @@ KINDS = {
 }
 FLOORS = ("floor", "exec")  # one command per node, which succeeds
 RECORD_FLEET, RECORD_HOST = "ctlbench-rec", "ctlrec1"
+GPU_NODES = {
+    "plain": "no GPU",
+    "gpu": "an H100 planted with a preinstalled 550.163.01 driver as tests/integration/gpu_state.py plants it",
+}
 UNRECORDED = "UNRECORDED COMMAND:"
 OWN = "pyinfra_gpunode"
 OWN_DIRECTORIES = ("gpunode", "facts", "operations", "deploys", "verify")
@@ -72,20 +83,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="repetitions per figure (median reported)")
     parser.add_argument("--profile", action="store_true", help="profile the largest count's no-op run and dry run")
     parser.add_argument("--record", action="store_true", help="record the answers of a real converged test host")
+    parser.add_argument("--node", choices=sorted(RECORDINGS), default="plain", help="the recording nodes answer from")
     args = parser.parse_args()
+    recording = RECORDINGS[args.node]
     if args.record:
-        record()
+        record(args.node)
         return
     counts = sorted({int(count) for count in args.nodes.split(",")})
     for directory in OWN_DIRECTORIES:  # as installed: pyinfra's CLI writes no bytecode, every run would compile
         compileall.compile_dir(REPO / directory, quiet=1)
-    print(f"load average at start: {_load()}", flush=True)
+    print(f"{args.node} nodes ({recording.relative_to(REPO)}); load average at start: {_load()}", flush=True)
     results: dict[tuple[str, int], list[Usage]] = {}
     with tempfile.TemporaryDirectory(prefix="ctlbench-") as scratch:
         for _ in range(args.runs):  # interleaved, so that a change in the machine's load touches every figure
             for count in counts:
                 for kind in KINDS:
-                    usage = measure(kind, count, Path(scratch))
+                    usage = measure(kind, count, Path(scratch), recording)
                     results.setdefault((kind, count), []).append(usage)
                     print(f"{kind:<8}{count:>6} nodes: {usage.cpu:7.1f} s CPU, {usage.rss_mib:6.1f} MiB peak RSS, "
                           f"{usage.wall:6.1f} s wall", flush=True)  # fmt: skip
@@ -95,7 +108,7 @@ def main() -> None:
         if args.profile or missed:
             for kind in ("no-op", "dry run"):
                 if args.profile or kind in missed:
-                    _profile(kind, counts[-1] if args.profile else counts[0], Path(scratch))
+                    _profile(kind, counts[-1] if args.profile else counts[0], Path(scratch), recording)
 
 
 @dataclass(frozen=True)
@@ -119,7 +132,7 @@ class Usage:
         )
 
 
-def measure(kind: str, count: int, scratch: Path, profile: Path | None = None) -> Usage:
+def measure(kind: str, count: int, scratch: Path, recording: Path, profile: Path | None = None) -> Usage:
     """``kind`` over ``count`` simulated nodes in a fresh process; its output is checked (every node
     converged and ready, nothing changed) and a failed run stops the bench, naming an unrecorded command."""
     inventory = scratch / f"nodes{count}.py"
@@ -132,7 +145,7 @@ def measure(kind: str, count: int, scratch: Path, profile: Path | None = None) -
         __file__,
         "--child",
         "replay",
-        str(RECORDING),
+        str(recording),
         *_args(KINDS[kind], inventory),
     ]
     log = scratch / "output.log"
@@ -150,16 +163,18 @@ def measure(kind: str, count: int, scratch: Path, profile: Path | None = None) -
         raise SystemExit(f"{kind}, {count} nodes: {unrecorded[0]}")
     if os.waitstatus_to_exitcode(status):
         raise SystemExit(f"{kind}, {count} nodes: {' '.join(command)} failed:\n{text[-5000:]}")
-    problem = _unexpected(kind, count, text)
+    problem = _unexpected(kind, count, text, json.loads(recording.read_text()).get("ready", True))
     if problem:
         raise SystemExit(f"{kind}, {count} nodes: {problem}; the output's end:\n{text[-3000:]}")
     return Usage(usage.ru_utime + usage.ru_stime, usage.ru_maxrss, wall)
 
 
-def _unexpected(kind: str, count: int, output: str) -> str | None:
-    """What is wrong with a run's output: a node not ready, a change or an error where none belongs."""
-    if kind not in FLOORS and f"{count} of {count} nodes ready" not in output:
-        return f"not '{count} of {count} nodes ready'"
+def _unexpected(kind: str, count: int, output: str, ready: bool = True) -> str | None:
+    """What is wrong with a run's output: a node not ready (``ready``: the recorded node was; a planted GPU
+    node without a device NVML can open is not), a change or an error where none belongs."""
+    expected = f"{count if ready else 0} of {count} nodes ready"
+    if kind not in FLOORS and expected not in output:
+        return f"not '{expected}'"
     totals = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", output)
     if kind == "dry run":
         plan = re.search(r"--> Detected changes:\n.*?\n(.*?)\n\n", output, re.DOTALL)
@@ -214,12 +229,12 @@ def _print(medians: dict[tuple[str, int], Usage], counts: list[int]) -> set[str]
     return missed - set(FLOORS)
 
 
-def _profile(kind: str, count: int, scratch: Path) -> None:
+def _profile(kind: str, count: int, scratch: Path, recording: Path) -> None:
     """cProfile of ``kind`` over ``count`` nodes: the top entries by cumulative time among this project's
     own functions, then every library's share of the time spent in its own code (a built-in function's
     time counted for the library that called it)."""
     out = scratch / f"{kind.replace(' ', '-')}-{count}.prof"
-    measure(kind, count, scratch, profile=out)
+    measure(kind, count, scratch, recording, profile=out)
     entries = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
     total = sum(own for _, _, own, _, _ in entries.values())
     print(
@@ -294,23 +309,36 @@ def _save_on_exit(path: Path) -> None:
     atexit.register(write)
 
 
-def record() -> None:
+def record(node: str) -> None:
     from tests.fleet.fleet import Fleet, HostSpec
+    from tests.integration.gpu_state import UNPLANT, plant_preinstalled_driver
 
+    def on(command: str, data: bytes | None) -> None:
+        done = subprocess.run(["ssh", "-F", str(fleet.ssh_config_path), RECORD_HOST, command], input=data,
+                              capture_output=True, timeout=120)  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"planting the GPU node: {command[:80]}: {done.stderr.decode()[-2000:]}")
+
+    recording = RECORDINGS[node]
     fleet = Fleet([HostSpec(RECORD_HOST, "trixie")], name=RECORD_FLEET)
     fleet.down()
     fleet.up()
     try:
+        if node == "gpu":
+            plant_preinstalled_driver(on)
         _pyinfra_checked([str(Path(sys.executable).with_name("pyinfra")), *_args(KINDS["no-op"], fleet.inventory_path)])
         answers: dict[str, dict[str, Any]] = {}
         differing: list[str] = []
+        ready = True
         with tempfile.TemporaryDirectory() as scratch:
             for kind, args in KINDS.items():
                 part = Path(scratch) / "part.json"
                 output = _pyinfra_checked(
                     [sys.executable, __file__, "--child", "record", str(part), *_args(args, fleet.inventory_path)]
                 )
-                problem = _unexpected(kind, 1, output)  # the host is converged: nothing changes, nothing planned
+                if kind == "no-op":
+                    ready = "1 of 1 nodes ready" in output
+                problem = _unexpected(kind, 1, output, ready)  # the host is converged: nothing changes or is planned
                 if problem:
                     raise SystemExit(f"recording {kind}: {problem}; the output's end:\n{output[-3000:]}")
                 found = json.loads(part.read_text())
@@ -319,22 +347,25 @@ def record() -> None:
                     answers.setdefault(key, answer)
                 differing += found["differing"]
     finally:
+        if node == "gpu":
+            fleet.run(RECORD_HOST, UNPLANT)
         fleet.down()
-    RECORDING.parent.mkdir(exist_ok=True)
-    save(RECORDING, _header(), {key: Answer(**answer) for key, answer in answers.items()})
-    print(f"{len(answers)} commands written to {RECORDING.relative_to(REPO)}")
+    recording.parent.mkdir(exist_ok=True)
+    save(recording, {**_header(node), "ready": ready}, {key: Answer(**answer) for key, answer in answers.items()})
+    state = "ready" if ready else "not ready"
+    print(f"{len(answers)} commands written to {recording.relative_to(REPO)} (the node {state})")
     for key in differing:  # volatile output (a timestamp, a PID) read twice: the first answer is kept
         print(f"answered differently in two runs, first answer kept: {key[:100]}")
 
 
-def _header() -> dict[str, object]:
+def _header(node: str) -> dict[str, object]:
     from importlib.metadata import version
 
     return {
         "about": (
             "Answers of one real test host to every command the controller bench sends, replayed by "
             "bench/replay.py's ReplayConnector. Recorded by `bench/controller.py --record`: a trixie "
-            "systemd-nspawn test host (tests/fleet, no GPU) converged with `pyinfra -y INVENTORY "
+            f"systemd-nspawn test host (tests/fleet, {GPU_NODES[node]}) converged with `pyinfra -y INVENTORY "
             "deploys/gpu_node.py`, then each configuration below run against it over SSH through "
             "RecordingConnector. Keys: the command line as pyinfra's SSH connector sends it, the host's "
             "name as {node}, pyinfra temp paths as /tmp/pyinfra-{temp}, timestamps as {timestamp}."

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from pyinfra_gpunode import shell
 from pyinfra_gpunode.cdi_checks import SPEC_DIRS, CdiSpec
+from pyinfra_gpunode.memo import by_content
 
 DEVICE_PLUGIN_SPEC = "k8s.device-plugin.nvidia.com-gpu.json"
 MARKER = "@@gpunode-cdi-spec"
@@ -155,6 +156,13 @@ class BoundedSafeLoader(yaml.SafeLoader):
             self._refuse(f"more than {self.limits.max_nodes} YAML nodes (aliases expanded)")
 
 
+def _parse_key(text: str, limits: YamlLimits = LIMITS) -> tuple[str, YamlLimits]:
+    """What a parse's result depends on: the text and the limits but the time (which only bounds the work)."""
+    return text, replace(limits, max_seconds=0)
+
+
+# A fleet's nodes carry the same specs: each text parsed once; a refusal (raised) is never kept.
+@by_content(key=_parse_key)
 def load_bounded(text: str, limits: YamlLimits = LIMITS) -> Any:
     """``text`` as ``yaml.safe_load`` reads it, within ``limits`` (``SpecLimitError`` naming the one exceeded)."""
     size = len(text.encode(errors="surrogateescape"))

@@ -14,34 +14,49 @@ import copy
 import datetime
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, cast, overload
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 KEPT_RESULTS = 64  # per function; all dropped when full (a fleet has few distinct configs)
-KEPT_KEY_CHARACTERS = 256 << 10  # larger arguments are worked out each time, never kept
+KEPT_KEY_CHARACTERS = 64 << 10  # larger arguments (a parse of them is large too) are worked out each time
 _MISSING = object()
 
 
-def by_content(function: F) -> F:
+@overload
+def by_content(function: F) -> F: ...
+
+
+@overload
+def by_content(*, key: Callable[..., Any]) -> Callable[[F], F]: ...
+
+
+def by_content(function: F | None = None, *, key: Callable[..., Any] | None = None) -> Any:
     """``function`` (pure: its result depends on its arguments' content alone), each result kept by that
-    content and handed out as a copy."""
-    kept: dict[str, Any] = {}
+    content and handed out as a copy. ``key``: what of the arguments (called with them) the result depends
+    on, where an argument only bounds the work (a time limit): a result is kept under it, never one of a
+    call that raised."""
 
-    @functools.wraps(function)
-    def remembered(*args: Any, **kwargs: Any) -> Any:
-        key = repr((args, sorted(kwargs.items())))
-        found = kept.get(key, _MISSING)
-        if found is _MISSING:
-            found = function(*args, **kwargs)
-            if len(key) <= KEPT_KEY_CHARACTERS:
-                if len(kept) >= KEPT_RESULTS:
-                    kept.clear()
-                kept[key] = found
-        return copied(found)
+    def wrap(function: F) -> F:
+        kept: dict[str, Any] = {}
 
-    remembered.forget = kept.clear  # type: ignore[attr-defined]
-    return cast(F, remembered)
+        @functools.wraps(function)
+        def remembered(*args: Any, **kwargs: Any) -> Any:
+            content = key(*args, **kwargs) if key is not None else (args, sorted(kwargs.items()))
+            found_key = repr(content)
+            found = kept.get(found_key, _MISSING)
+            if found is _MISSING:
+                found = function(*args, **kwargs)
+                if len(found_key) <= KEPT_KEY_CHARACTERS:
+                    if len(kept) >= KEPT_RESULTS:
+                        kept.clear()
+                    kept[found_key] = found
+            return copied(found)
+
+        remembered.forget = kept.clear  # type: ignore[attr-defined]
+        return cast(F, remembered)
+
+    return wrap(function) if function is not None else wrap
 
 
 def copied(data: Any) -> Any:

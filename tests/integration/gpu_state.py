@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.fleet.archive import debian_mirror
@@ -130,3 +131,47 @@ devices:
   name: all
 kind: nvidia.com/gpu
 """
+
+
+PLANTED = "/root/gpunode-planted-driver"
+PERSISTENCED = b"""[Unit]
+Description=NVIDIA Persistence Daemon (stand-in)
+
+[Service]
+ExecStart=/bin/sleep infinity
+
+[Install]
+WantedBy=multi-user.target
+"""
+UNPLANT = "umount /sys/bus/pci/devices; umount /sys/module; umount /proc/driver"
+
+
+def plant_preinstalled_driver(on: Callable[[str, bytes | None], object]) -> None:
+    """A booted test host as a GPU node whose driver came from no package (a runfile or image): an H100's PCI
+    entry, the loaded module's version files (bind-mounted over the live ``/sys`` and ``/proc`` paths;
+    ``UNPLANT`` unmounts them), Debian's real libnvidia-ml in the loader's cache, stand-ins for ``nvidia-ctk``
+    and the runtime, a CDI spec, and ``nvidia-persistenced.service`` as the driver installs it, disabled (a
+    stand-in daemon: the real one exits without a GPU device it can open). ``on(command, stdin)`` runs a
+    command on the host and raises where it fails."""
+    sys_files = {
+        "pci/0000:41:00.0/vendor": "0x10de", "pci/0000:41:00.0/class": "0x030200",
+        "pci/0000:41:00.0/device": "0x2331", "module/nvidia/version": DRIVER,
+    }  # fmt: skip
+    script = [f"mkdir -p {PLANTED}/{path.rsplit('/', 1)[0]} && echo {value} > {PLANTED}/{path}"
+              for path, value in sys_files.items()]  # fmt: skip
+    proc = f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {DRIVER}  Tue Apr  1 00:00:00 UTC 2025"
+    script += [
+        f"mkdir -p {PLANTED}/proc/nvidia && echo '{proc}' > {PLANTED}/proc/nvidia/version",
+        f"mount --bind {PLANTED}/pci /sys/bus/pci/devices",
+        f"mount --bind {PLANTED}/module /sys/module",
+        f"mount --bind {PLANTED}/proc /proc/driver",
+    ]
+    on(" && ".join(script), None)
+    on(f"mkdir -p {LIBRARY_DIR} && cat > {LIBRARY}", libnvidia_ml().read_bytes())
+    on(f"echo {LIBRARY_DIR} > /etc/ld.so.conf.d/nvidia.conf && ldconfig", None)
+    ctk = "#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version 1.17.8'\n"
+    on("cat > /usr/local/bin/nvidia-ctk && chmod 755 /usr/local/bin/nvidia-ctk", ctk.encode())
+    runtime = "/usr/bin/nvidia-container-runtime"
+    on(f"cat > {runtime} && chmod 755 {runtime}", b"#!/bin/sh\n")
+    on("mkdir -p /etc/cdi && cat > /etc/cdi/nvidia.yaml", cdi_spec().encode())
+    on("cat > /etc/systemd/system/nvidia-persistenced.service && systemctl daemon-reload", PERSISTENCED)

@@ -17,20 +17,10 @@ import pytest
 
 from tests import cli
 from tests.fleet.fleet import Fleet
-from tests.integration.gpu_state import DRIVER, LIBRARY, LIBRARY_DIR, cdi_spec, libnvidia_ml
+from tests.integration.gpu_state import DRIVER, UNPLANT, plant_preinstalled_driver
 from tests.integration.summary import summary_rows
 
 REPO = Path(__file__).resolve().parents[2]
-PLANTED = "/root/gpunode-planted-driver"
-PERSISTENCED = b"""[Unit]
-Description=NVIDIA Persistence Daemon (stand-in)
-
-[Service]
-ExecStart=/bin/sleep infinity
-
-[Install]
-WantedBy=multi-user.target
-"""
 pytestmark = pytest.mark.fleet
 
 
@@ -45,34 +35,11 @@ def on(fleet: Fleet, command: str, data: bytes | None = None) -> str:
 @pytest.fixture
 def preinstalled_node1(fleet: Fleet) -> Iterator[None]:
     fleet.reset(["node1"])
-    sys_files = {
-        "pci/0000:41:00.0/vendor": "0x10de", "pci/0000:41:00.0/class": "0x030200",
-        "pci/0000:41:00.0/device": "0x2331", "module/nvidia/version": DRIVER,
-    }  # fmt: skip
-    script = [f"mkdir -p {PLANTED}/{path.rsplit('/', 1)[0]} && echo {value} > {PLANTED}/{path}"
-              for path, value in sys_files.items()]  # fmt: skip
-    proc = f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {DRIVER}  Tue Apr  1 00:00:00 UTC 2025"
-    script += [
-        f"mkdir -p {PLANTED}/proc/nvidia && echo '{proc}' > {PLANTED}/proc/nvidia/version",
-        f"mount --bind {PLANTED}/pci /sys/bus/pci/devices",
-        f"mount --bind {PLANTED}/module /sys/module",
-        f"mount --bind {PLANTED}/proc /proc/driver",
-    ]
     try:
-        on(fleet, " && ".join(script))
-        on(fleet, f"mkdir -p {LIBRARY_DIR} && cat > {LIBRARY}", libnvidia_ml().read_bytes())
-        on(fleet, f"echo {LIBRARY_DIR} > /etc/ld.so.conf.d/nvidia.conf && ldconfig")
-        ctk = "#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version 1.17.8'\n"
-        on(fleet, "cat > /usr/local/bin/nvidia-ctk && chmod 755 /usr/local/bin/nvidia-ctk", ctk.encode())
-        runtime = "/usr/bin/nvidia-container-runtime"
-        on(fleet, f"cat > {runtime} && chmod 755 {runtime}", b"#!/bin/sh\n")
-        on(fleet, "mkdir -p /etc/cdi && cat > /etc/cdi/nvidia.yaml", cdi_spec().encode())
-        # nvidia-persistenced as the driver's package installs it, disabled; a stand-in daemon (the real one
-        # exits without a GPU device it can open)
-        on(fleet, "cat > /etc/systemd/system/nvidia-persistenced.service && systemctl daemon-reload", PERSISTENCED)
+        plant_preinstalled_driver(lambda command, data: on(fleet, command, data))
         yield
     finally:
-        fleet.run("node1", "umount /sys/bus/pci/devices; umount /sys/module; umount /proc/driver")
+        fleet.run("node1", UNPLANT)
         fleet.reset(["node1"])
 
 

@@ -64,3 +64,16 @@ def test_large_arguments_are_worked_out_each_time_and_the_kept_results_are_bound
     assert calls[2:] == ["a", "b", "c", "d", "a"]  # full at three: all dropped, "a" worked out again
     parsed("d")
     assert calls[-1] == "a"
+
+
+def test_a_key_leaves_out_what_only_bounds_the_work() -> None:
+    """A time limit that differs on each call does not keep the same text from being worked out once."""
+    calls: list[str] = []
+
+    @by_content(key=lambda text, seconds: text)
+    def parsed(text: str, seconds: float) -> list[str]:
+        calls.append(text)
+        return [text]
+
+    assert parsed("a", 1.5) == parsed("a", 0.25) == ["a"]
+    assert calls == ["a"]
