@@ -32,7 +32,7 @@ from pyinfra_gpunode.operations._internals import (
     spawn,
 )
 from pyinfra_gpunode.operations._run_state import run_state
-from pyinfra_gpunode.operations._shared import node_fact, read_afresh
+from pyinfra_gpunode.operations._shared import facts_unchanged, node_fact, read_afresh
 from pyinfra_gpunode.rollout import (
     FILES_ONLY,
     NOT_IN_ORDER,
@@ -676,7 +676,7 @@ def _turn(
     if hooked:
         with outside_operation(node), on_host(state, node):
             try:
-                turn_unmarked(name="rollout: turn's mark removed from the node")
+                turn_unmarked(name="rollout: turn's mark removed, node lock released", release_lock=True)
             except NestedOperationError as error:
                 return Outcome.failed(
                     f"{_cause(state, node, error)}; the node was changed: {', '.join(did) or 'nothing'}"
@@ -702,13 +702,19 @@ def turn_marked(
 
         rollout.turn_marked(name="rollout: turn marked", started="2026-12-01T20:00:00+00:00")
     """
+    # The mark is the turn's own note under /var/lib: the containerd state the turn read stays current (it is
+    # not read again for the mark alone; the turn keeps the mark it found before writing its own).
+    facts_unchanged()
     yield from write_file(TURN_MARKER, turn_mark_text(started, backup, backup_cri_problem), mode="600")
 
 
 @operation(is_idempotent=False, idempotent_notice="Removes the mark whether or not it is there.")
-def turn_unmarked() -> Generator[Any, Any, None]:
+def turn_unmarked(release_lock: bool = False) -> Generator[Any, Any, None]:
     """
     Remove this node's turn mark once its turn ended (after its after-hook).
+
+    + release_lock: also release the node lock this run holds (``node_unlocked``), in the same command: the
+      turn was this run's last change to the node, and the lock is not held through the other nodes' turns
 
     **Example:**
 
@@ -716,7 +722,9 @@ def turn_unmarked() -> Generator[Any, Any, None]:
 
         rollout.turn_unmarked(name="rollout: turn's mark removed")
     """
-    yield StringCommand("rm", "-f", TURN_MARKER)
+    unmark = StringCommand("rm", "-f", TURN_MARKER)
+    release = list(_lock.release()) if release_lock else []  # nothing where this run holds no lock
+    yield StringCommand(unmark, "&&", release[0]) if release else unmark
 
 
 def _cause(state: State, node: Host, error: NestedOperationError) -> str:
