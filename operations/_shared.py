@@ -143,6 +143,19 @@ def node_fact(fact: type[FactBase[T]], **kwargs: Any) -> T:
     return cast(T, reads[-1].value)
 
 
+def earlier_read(fact: type[FactBase[T]], **kwargs: Any) -> T:
+    """``fact`` as the newest read of this node in this pass holds it, current or not (no read again after a
+    change), else ``node_fact``'s: for a caller that needs only what no operation here changes, e.g. which
+    platform runs containerd and under which unit, once a rollout turn changed the node's config."""
+    if fact in _HOLDERS and in_a_run():
+        reads = [read for read in run_state(current_state()).reads.get(current_host().name, []) if _carried(read)]
+        wanted = _arguments(fact, kwargs)
+        found = next((value for arguments, value in _held(fact, reads) if arguments == wanted), _NOT_HELD)
+        if found is not _NOT_HELD:
+            return cast(T, found)
+    return node_fact(fact, **kwargs)
+
+
 def decided_once(step: str, read: object, key: Hashable, decide: Callable[[], T]) -> T:
     """``decide()``, made once per node per read: the step's earlier decision on this node while ``read`` (the
     value ``node_fact`` returned, which the decision is made from) is the same read and ``key`` (the step's

@@ -24,7 +24,7 @@ from pyinfra_gpunode.log import logger, without_controls
 from pyinfra_gpunode.operations._atomic import fail
 from pyinfra_gpunode.operations._internals import current_state
 from pyinfra_gpunode.operations._run_state import run_state
-from pyinfra_gpunode.operations._shared import node_fact
+from pyinfra_gpunode.operations._shared import earlier_read, node_fact
 from pyinfra_gpunode.platform import platform_containerd
 from pyinfra_gpunode.readiness import NOT_READ, RunInfo, assess, fleet_json, fleet_text, node_text, unjudged
 from pyinfra_gpunode.readiness import NodeReadiness as Report
@@ -107,7 +107,7 @@ def _readiness_facts(binary: str, cdi_spec_dirs: list[str] | None) -> NodeReadin
     containerd of k3s, RKE2 or k0s where one of them runs it (their unit, config and socket)."""
     extra = [path for path in cdi_spec_dirs or [] if path not in SPEC_DIRS]
     arguments: dict[str, Any] = {"cdi_dirs": extra} if extra else {}
-    owner = node_fact(ContainerdPlatform)
+    owner = earlier_read(ContainerdPlatform)  # a turn changes the node's config, never which platform runs it
     if platform_containerd(owner["name"], owner["unit"]):
         arguments.update(platform=owner["name"], unit=owner["unit"])
     return node_fact(NodeReadiness, binary=binary, **arguments)

@@ -20,7 +20,7 @@ from pyinfra_gpunode.facts.kernel import NOUVEAU_CONF
 from pyinfra_gpunode.facts.node import PART, NodeSnapshot
 from pyinfra_gpunode.operations._internals import current_host, current_state, on_host, outside_operation
 from pyinfra_gpunode.operations._lock import locked_before_changes
-from pyinfra_gpunode.operations._shared import DEFAULT_BINARY, facts_unchanged, node_fact
+from pyinfra_gpunode.operations._shared import DEFAULT_BINARY, earlier_read, facts_unchanged, node_fact
 
 TESTS = Path(__file__).resolve().parents[1]
 SEEN: dict[str, Any] = {}
@@ -47,6 +47,7 @@ def gpus_read_around_a_change(unchanging: bool = False) -> Generator[Any, Any, N
         facts_unchanged()
     SEEN["before"] = node_fact(NvidiaGpus)
     yield StringCommand("echo", "a change")
+    SEEN["earlier"] = earlier_read(NvidiaGpus)
     SEEN["after"] = node_fact(NvidiaGpus)
 
 
@@ -91,6 +92,7 @@ def test_a_part_asked_for_after_a_command_is_read_again_not_taken_from_the_snaps
     assert [gpu["device"] for gpu in SEEN["before"]["gpus"]] == ["0x2335"]  # from the snapshot
     assert SEEN["after"]["gpus"] == [], "the GPUs after the command came from the snapshot read before it"
     assert len(commands) == 3 and NvidiaGpus().command() == commands[2], commands  # snapshot, echo, PCI
+    assert SEEN["earlier"] == SEEN["before"]  # asked for what no change here touches: the read before, no command
 
 
 def test_an_operation_that_changes_nothing_read_keeps_the_snapshot() -> None:
