@@ -63,10 +63,11 @@ from pyinfra_gpunode.settings import ROLLOUT_BATCH
 @operation(is_idempotent=False, idempotent_notice="Takes the lock once per run and node.")
 def node_locked() -> Generator[Any, Any, None]:
     """
-    Hold this node's lock for the rest of the run, so two runs never work on one node at once.
+    Hold this node's lock for the rest of the run's work on it, so two runs never work on one node at once.
 
     The lock (``/run/pyinfra-gpunode/node.lock``, ``flock``) is held by a process on the node
-    until ``node_unlocked`` ends it or this run's connection closes (the run ends, fails or is
+    until ``node_unlocked`` ends it (a rollout turn ends it with the turn's mark,
+    ``turn_unmarked(release_lock=True)``) or this run's connection closes (the run ends, fails or is
     killed). A second run waits up to 10 seconds, then fails the node naming the holder (run
     id, controlling machine, process, start time). Taken once per run and node however often
     the deploys call it, and renewed when half its hour has passed (a turn hours after the run's
@@ -570,8 +571,8 @@ def _turn(
 ) -> Outcome:
     """One node's turn: the node lock, and the node read again under it; the turn's mark; before-hook;
     driver and GPU steps; back up, write its files, restart and verify (what it wrote rolled back on
-    failure); after-hook; the mark removed. ``found`` is the run's earlier read: the turn decides from
-    its own. Returns the outcome."""
+    failure); after-hook; the mark removed and the node lock released, in one command. ``found`` is the
+    run's earlier read: the turn decides from its own. Returns the outcome."""
     rolling = settings["restart"] == "rolling"
     did: list[str] = []
     # The conducting host is inside this operation: its nested steps run as if it were not.
