@@ -53,7 +53,6 @@ def by_content(function: F | None = None, *, key: Callable[..., Any] | None = No
                     kept[found_key] = found
             return copied(found)
 
-        remembered.forget = kept.clear  # type: ignore[attr-defined]
         return cast(F, remembered)
 
     return wrap(function) if function is not None else wrap
