@@ -44,3 +44,27 @@ def test_a_run_takes_its_lock_once_and_renews_it_when_due(monkeypatch: pytest.Mo
     assert commands() == [first]  # the same program, holder and lock: it renews the lock
     clock[0] += HOLD_S / 2 - 1
     assert commands() == []
+
+
+def test_a_turn_removes_its_mark_and_releases_the_lock_in_one_command() -> None:
+    """The turn's last command: the mark removed and, where this run holds the node lock, the lock released
+    in the same command (one round trip); without ``release_lock``, or with no lock held, the mark alone."""
+    from pyinfra_gpunode.operations.rollout import turn_unmarked
+    from pyinfra_gpunode.rollout import TURN_MARKER
+
+    inventory = Inventory((["node1"], {}))
+    run = State(inventory, Config())
+    run.is_executing = True
+
+    def commands(**arguments: bool) -> list[str]:
+        with ctx_state.use(run), ctx_host.use(inventory.get_host("node1")):
+            return [command.get_raw_value() for command in turn_unmarked._inner(**arguments)]  # type: ignore[attr-defined]
+
+    unmark = f"rm -f {TURN_MARKER}"
+    assert commands(release_lock=True) == [unmark]  # no lock held
+    with ctx_state.use(run), ctx_host.use(inventory.get_host("node1")):
+        list(_lock.take())
+    assert commands() == [unmark] and _lock.holds(run, "node1")
+    (both,) = commands(release_lock=True)
+    assert both.startswith(f"{unmark} && sh -c ") and f" {LOCK} " in both
+    assert not _lock.holds(run, "node1")
