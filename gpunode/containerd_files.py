@@ -8,14 +8,13 @@ skipped. Later files win.
 
 from __future__ import annotations
 
-import functools
 import posixpath
 import re
 import tomllib
 from typing import Any, TypedDict
 
 from pyinfra_gpunode import node_toml
-from pyinfra_gpunode.memo import by_content, copied
+from pyinfra_gpunode.memo import by_content
 
 CONFIG_ROOT = "/etc/containerd"
 _GLOB_META = re.compile(r"[*?\[]")
@@ -204,13 +203,8 @@ def parsed(config: ConfigFile) -> dict[str, Any]:
 
 
 def toml_data(text: str) -> dict[str, Any]:
-    """``node_toml.loads(text)``, a fresh copy each time: the same config text is parsed once per process (a
-    run reads each node's files in several steps, and many nodes share one text)."""
-    return copied(_parsed_text(text))
-
-
-@functools.lru_cache(maxsize=64)
-def _parsed_text(text: str) -> dict[str, Any]:
+    """``node_toml.loads(text)``: a fresh copy each time of a text parsed once per process (a run reads each
+    node's files in several steps, and many nodes share one text)."""
     return node_toml.loads(text)
 
 
