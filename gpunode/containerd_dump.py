@@ -55,7 +55,7 @@ def cri_tables(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def parsed_dump(text: str) -> dict[str, Any]:
     """``containerd config dump``'s ``text`` parsed within ``node_toml``'s limits, its keys shared
     (``with_shared_keys``); raises ``tomllib.TOMLDecodeError`` where it is no TOML or beyond the limits."""
-    parsed: dict[str, Any] = with_shared_keys(node_toml.loads(text))
+    parsed: dict[str, Any] = with_shared_keys(node_toml.parsed_within_limits(text))  # kept here, not twice
     return parsed
 
 

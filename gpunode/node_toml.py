@@ -46,7 +46,7 @@ def loads(text: str) -> dict[str, Any]:
     a small text parsed before is not parsed again (the caller gets its own copy)."""
     found = _parsed.get(text)
     if found is None:
-        found = _parsed_within_limits(text)
+        found = parsed_within_limits(text)
         if len(text) <= CACHED_BYTES:
             if len(_parsed) >= CACHED_TEXTS:
                 _parsed.clear()
@@ -54,7 +54,8 @@ def loads(text: str) -> dict[str, Any]:
     return copied(found)  # each caller its own
 
 
-def _parsed_within_limits(text: str) -> dict[str, Any]:
+def parsed_within_limits(text: str) -> dict[str, Any]:
+    """``loads`` without its cache: for a caller that keeps the result itself (``containerd_dump.parsed_dump``)."""
     if len(text) > MAX_BYTES:
         raise tomllib.TOMLDecodeError(f"{len(text)} characters: more than {MAX_BYTES} are not read")
     try:
