@@ -23,6 +23,8 @@ from pyinfra_gpunode.facts.kernel import SECURE_BOOT_COMMAND, parse_secure_boot
 from pyinfra_gpunode.gpu_queries import SMI_SECONDS
 from pyinfra_gpunode.sections import MARK, PackageStatus, dpkg_query, marker, parse_dpkg_status, split_sections
 
+MODINFO_MAX = 200  # characters kept of a module's vermagic or signer line
+
 
 class PersistencedUnit(TypedDict):
     """``nvidia-persistenced.service`` as systemd knows it: ``load`` (``loaded``, ``not-found``, ``masked``),
@@ -65,6 +67,12 @@ class NvidiaHostStateInfo(TypedDict):
     boot_kernel: str | None  # the kernel the node boots next (its /vmlinuz link), None where none is named
     boot_module_built: bool  # an NVIDIA module file exists for it
     boot_module_version: str | None  # modinfo's version of its nvidia module
+    # modinfo's vermagic (the kernel release the module was built for, then its options) and signer
+    # ("name (key id)", None where unsigned) of the running kernel's and the next boot kernel's nvidia module
+    built_module_vermagic: str | None
+    built_module_signer: str | None
+    boot_module_vermagic: str | None
+    boot_module_signer: str | None
 
 
 _SHELL = Path(__file__).parent / "shell"
@@ -77,16 +85,10 @@ DRIVER_COMMAND = shell.command(
 _BUILT_MODULE = shell.command(shell.script(_SHELL / "built-module.sh"), "gpunode-built-module", MARK)
 
 
-DRIVER_PACKAGE_PATTERNS = (
-    "nvidia-*",
-    "libnvidia-*",
-    "linux-modules-nvidia-*",
-    "linux-objects-nvidia-*",
-    "linux-signatures-nvidia-*",
-    "linux-headers-*",
-    "firmware-nvidia-*",
-    "libcuda*",
-)
+# The driver's packages, whatever the distribution names them: nvidia-driver, libnvidia-ml1, libcuda1,
+# firmware-nvidia-gsp, Ubuntu's linux-modules-nvidia-*, and those with the name inside (libglx-nvidia0,
+# xserver-xorg-video-nvidia: held with the rest); the kernel headers DKMS builds with.
+DRIVER_PACKAGE_PATTERNS = ("*nvidia*", "libcuda*", "linux-headers-*")
 
 
 def parse_driver(sections: dict[str, list[str]]) -> DriverInfo:
@@ -171,7 +173,8 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
     the ``nvidia`` module ``modinfo`` finds for the running kernel (``built_module_version``;
     Debian's renamed ``nvidia-current`` too), None without one; the same for the kernel the
     node boots next (``boot_kernel``, from the ``/vmlinuz`` or ``/boot/vmlinuz`` link:
-    ``boot_module_built``, ``boot_module_version``).
+    ``boot_module_built``, ``boot_module_version``); each module's ``vermagic`` and signer
+    (``built_module_*``, ``boot_module_*``; the signer None where the module is unsigned).
 
     .. code:: python
 
@@ -188,6 +191,10 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
             "module_built": True,
             "built_module_version": "550.163.01",
             "boot_kernel": "6.12.117+deb13-amd64", "boot_module_built": True, "boot_module_version": "550.163.01",
+            "built_module_vermagic": "6.12.117+deb13-amd64 SMP preempt mod_unload modversions",
+            "built_module_signer": "DKMS module signing key (2B:61:…:9E)",
+            "boot_module_vermagic": "6.12.117+deb13-amd64 SMP preempt mod_unload modversions",
+            "boot_module_signer": "DKMS module signing key (2B:61:…:9E)",
         }
     """
 
@@ -239,9 +246,14 @@ class NvidiaHostState(FactBase[NvidiaHostStateInfo]):
             "boot_kernel": _first(sections.get("boot_release", [])),
             "boot_module_built": any(line.strip() for line in sections.get("boot_kmod", [])),
             "boot_module_version": _first(sections.get("boot_kmod_version", [])),
+            "built_module_vermagic": _first(sections.get("kmod_vermagic", []), MODINFO_MAX),
+            "built_module_signer": _first(sections.get("kmod_signer", []), MODINFO_MAX),
+            "boot_module_vermagic": _first(sections.get("boot_kmod_vermagic", []), MODINFO_MAX),
+            "boot_module_signer": _first(sections.get("boot_kmod_signer", []), MODINFO_MAX),
         }
 
 
-def _first(lines: list[str]) -> str | None:
-    """The first line that is not blank, stripped, or None."""
-    return next((line.strip() for line in lines if line.strip()), None)
+def _first(lines: list[str], most: int | None = None) -> str | None:
+    """The first line that is not blank, stripped (its first ``most`` characters), or None."""
+    found = next((line.strip() for line in lines if line.strip()), None)
+    return found if found is None or most is None else found[:most]

@@ -74,8 +74,13 @@ class HostInfo:
 
     @property
     def kernels(self) -> list[str]:
-        """The kernels a DKMS module must be built for: the running one, and the one booted next."""
+        """The kernels a DKMS module is built for: the running one, and the one booted next."""
         return [self.kernel, *([self.boot_kernel] if self.boot_kernel and self.boot_kernel != self.kernel else [])]
+
+    @property
+    def next_kernel(self) -> str:
+        """The kernel the node boots next (the running one where the node does not say another)."""
+        return self.boot_kernel or self.kernel
 
 
 @dataclass
@@ -84,6 +89,10 @@ class DriverPlan:
     method: str = ""  # "precompiled" or "dkms"
     packages: dict[str, str] = field(default_factory=dict)  # name -> exact package version
     error: str = ""
+    # DKMS: the kernels the module is built for (those whose headers the plan has), and the running kernel
+    # where it is not the one booted next and its headers are neither installed nor in the package index
+    kernels: tuple[str, ...] = ()
+    unbuilt: tuple[str, ...] = ()
 
     @property
     def hold(self) -> list[str]:
@@ -195,15 +204,20 @@ def _debian_family(host: HostInfo, request: DriverRequest) -> tuple[str, str]:
 
 
 def _debian_names(host: HostInfo, family: str, request: DriverRequest) -> tuple[list[str], list[str]]:
-    """(userspace packages, DKMS packages) for a Debian family. The headers of the running kernel,
+    """(userspace packages, DKMS packages) for a Debian family. ``nvidia-driver`` recommends, and so does not
+    bring (recommendations are not installed), what a compute node needs: the CUDA driver library (``libcuda1``,
+    which containers get through the toolkit) and ``nvidia-smi``; they are asked for by name. The headers of
+    the running kernel,
     and of the kernel the node boots next where that is another, are part of the DKMS set (they
     bring the compiler): without them DKMS skips the build and the install still succeeds, leaving
-    no module."""
+    no module. The next boot kernel's are required; the running kernel's, where it is not the one
+    booted next, only where installed or offered (:func:`plan_driver`)."""
     headers = [f"linux-headers-{kernel}" for kernel in host.kernels]
     if family == "current":
         module = "nvidia-open-kernel-dkms" if request.open else "nvidia-kernel-dkms"
-        return ["nvidia-driver", "firmware-nvidia-gsp"], [module, *headers]
-    return [f"nvidia-{family}-driver"], [f"nvidia-{family}-kernel-dkms", *headers]
+        return ["nvidia-driver", "firmware-nvidia-gsp", "libcuda1", "nvidia-smi"], [module, *headers]
+    userspace = [f"nvidia-{family}-driver", f"libnvidia-{family}-cuda1", f"nvidia-{family}-smi"]
+    return userspace, [f"nvidia-{family}-kernel-dkms", *headers]
 
 
 def _ubuntu_names(host: HostInfo, request: DriverRequest) -> tuple[list[str], list[str], list[str]]:
@@ -244,10 +258,10 @@ def wanted_names(host: HostInfo, request: DriverRequest) -> list[str]:
         return []
     if host.distro == "ubuntu":
         userspace, precompiled, dkms = _ubuntu_names(host, request)
-        return userspace + precompiled + dkms[:1]
+        return userspace + precompiled + dkms
     family, _ = _debian_family(host, request)
     userspace, dkms = _debian_names(host, family, request)
-    return userspace + dkms[:1]
+    return userspace + dkms
 
 
 def _best(versions: Sequence[str], upstream: str) -> str | None:
@@ -312,20 +326,23 @@ def plan_driver(
         version = upstream_version(installed[lead])
         if not is_driver_version(version) or branch_of(version) != request.branch:
             version = None
+    optional = _optional_headers(host)
     if available is None:
         # Converged only when everything is installed at the wanted driver version.
         if version is None:
             return DriverPlan(error="query")
         for modules, method in ((precompiled, "precompiled"), (dkms, "dkms")):
-            if not modules or not all(name in installed for name in modules):
+            if not modules or not all(name in installed for name in modules if name not in optional):
                 continue
             if method == "dkms" and _secure_boot_gate(host, request, "x"):
                 continue
-            names = userspace + modules
+            names = userspace + [name for name in modules if name in installed]
             if all(name in installed for name in names) and all(
                 upstream_version(installed[name]) == version for name in names if not name.startswith("linux-")
             ):
-                return DriverPlan(version, method, {name: installed[name] for name in names})
+                kept = {name: installed[name] for name in names}
+                kernels, unbuilt = _built_for(host, kept) if method == "dkms" else ((), ())
+                return DriverPlan(version, method, kept, kernels=kernels, unbuilt=unbuilt)
         return DriverPlan(error="query")
 
     if version is None:
@@ -361,13 +378,41 @@ def plan_driver(
         return DriverPlan(error=error)
     for name in dkms:
         if name.startswith("linux-headers-"):
-            packages[name] = installed.get(name) or ""
+            if name in installed or name in available:
+                packages[name] = installed.get(name) or ""
+            elif name not in optional:
+                return DriverPlan(
+                    error=f"the package index offers no {name}: DKMS cannot build the module for kernel "
+                    f"{name.removeprefix('linux-headers-')}, the one this node boots next"
+                )
             continue
         found = _best(available.get(name, ()), version)
         if found is None:
             return DriverPlan(error=f"the package index offers no {name} at driver version {version}")
         packages[name] = found
-    return DriverPlan(version, "dkms", packages)
+    kernels, unbuilt = _built_for(host, packages)
+    return DriverPlan(version, "dkms", packages, kernels=kernels, unbuilt=unbuilt)
+
+
+def _optional_headers(host: HostInfo) -> set[str]:
+    """Headers a DKMS plan takes only where installed or offered: the running kernel's, where the node boots
+    another one next (an old kernel's headers leave the archive; the new module loads after the reboot)."""
+    return {f"linux-headers-{host.kernel}"} if host.next_kernel != host.kernel else set()
+
+
+def _built_for(host: HostInfo, packages: Mapping[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``kernels`` and ``unbuilt`` of a DKMS plan with ``packages``."""
+    kernels = tuple(kernel for kernel in host.kernels if f"linux-headers-{kernel}" in packages)
+    return kernels, tuple(kernel for kernel in host.kernels if kernel not in kernels)
+
+
+def driver_set(plan: DriverPlan, packages: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The packages held as one with the driver, sorted: the plan's, and every installed driver package
+    (``packages``: ``NvidiaHostState``'s, name -> its ``version``) of the driver's version: the userspace
+    libraries, tools and module support the plan's packages pull in, so that no upgrade of one of them
+    alone leaves a library of another version beside the module."""
+    same = {name for name, found in packages.items() if upstream_version(str(found["version"])) == plan.version}
+    return sorted(set(plan.packages) | same)
 
 
 def host_info(node: Mapping[str, Any]) -> HostInfo:
@@ -393,6 +438,7 @@ class DriverDecision:
     plan: DriverPlan | None = None  # the packages, where they are installed and held
     to_install: Mapping[str, str] = field(default_factory=dict)  # name -> exact version ("": any)
     to_hold: tuple[str, ...] = ()
+    held_set: tuple[str, ...] = ()  # what is held as one once installed (:func:`driver_set`), as far as installed now
     index: tuple[str, ...] = ()  # read these names' versions from the package index, then decide again
 
     @property
@@ -453,7 +499,7 @@ def decide_driver(
     installed = {name: str(package["version"]) for name, package in node["packages"].items()}
     plan = plan_driver(info, request, installed, None)
     if plan.error == "query" and downloaded is not None:
-        cached = {name: [version] for name, version in {**installed, **downloaded}.items() if version}
+        cached = {name: [version] if version else [] for name, version in {**installed, **downloaded}.items()}
         plan = plan_driver(info, request, installed, cached)
         if plan.error:
             plan.error += " (in the turn: among the packages downloaded before it and the installed ones)"
@@ -464,11 +510,17 @@ def decide_driver(
     if plan.error:
         return DriverDecision(chosen, loaded, f"NVIDIA driver {request.version or request.branch}: {plan.error}")
     held = {name for name, package in node["packages"].items() if package["held"]}
+    whole = driver_set(plan, node["packages"])
     to_install = {
         name: version
         for name, version in plan.packages.items()
         if name not in installed or (version and installed[name] != version)
     }
     return DriverDecision(
-        chosen, loaded, plan=plan, to_install=to_install, to_hold=tuple(name for name in plan.hold if name not in held)
+        chosen,
+        loaded,
+        plan=plan,
+        to_install=to_install,
+        to_hold=tuple(name for name in whole if name not in held),
+        held_set=tuple(whole),
     )

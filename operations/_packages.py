@@ -23,6 +23,16 @@ def pins_of(packages: Mapping[str, str]) -> list[str]:
     return [f"{name}={version}" if version else name for name, version in sorted(packages.items())]
 
 
+def _install_arguments(packages: Mapping[str, str], download: bool) -> list[str]:
+    return [
+        "-y",
+        "--no-install-recommends",
+        "--allow-change-held-packages",
+        *([] if download else ["--no-download"]),
+        *pins_of(packages),
+    ]
+
+
 def install(packages: dict[str, str], download: bool = True) -> StringCommand:
     """apt-get install of exactly these versions; without ``download`` only from apt's cache (apt fails
     rather than fetch a file that is not there)."""
@@ -32,11 +42,19 @@ def install(packages: dict[str, str], download: bool = True) -> StringCommand:
         "NEEDRESTART_SUSPEND=1",
         "apt-get",
         "install",
-        "-y",
-        "--no-install-recommends",
-        "--allow-change-held-packages",
-        *([] if download else ["--no-download"]),
-        *[QuoteString(pin) for pin in pins_of(packages)],
+        *[QuoteString(argument) for argument in _install_arguments(packages, download)],
+    )
+
+
+# apt-get install whose failure is followed by the last lines of the DKMS build logs it wrote.
+_INSTALL_BUILT_SCRIPT = shell.script(Path(__file__).parent / "shell" / "apt-install-built.sh")
+
+
+def install_built(packages: dict[str, str], download: bool = True) -> StringCommand:
+    """``install`` of packages whose install builds a kernel module with DKMS: where apt fails, the last lines
+    of the build logs follow its output, naming what broke the build."""
+    return StringCommand(
+        shell.command(_INSTALL_BUILT_SCRIPT, "gpunode-install-built", *_install_arguments(packages, download))
     )
 
 

@@ -10,11 +10,13 @@ from pyinfra import host, state
 from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
 from pyinfra.facts.server import Command
 
+from pyinfra_gpunode.built_module import built_modules, module_problem
 from pyinfra_gpunode.driver_plan import (
     DRIVER_SOURCES,
     DriverDecision,
     DriverRequestError,
     decide_driver,
+    driver_set,
     host_info,
     requested,
 )
@@ -120,26 +122,31 @@ def driver(
         yield from _preinstalled(decided.description, facts["driver"], reboot, reboot_timeout)
         return
     plan, to_install = decided.plan, dict(decided.to_install)
+    if to_install and plan.unbuilt:
+        logger.warning(
+            "%sDKMS builds the nvidia %s module for kernel %s only: the running kernel %s has no headers installed "
+            "or in the package index; the driver loads after the reboot into %s", host.print_prefix,
+            plan.version, ", ".join(plan.kernels), ", ".join(plan.unbuilt), host_info(facts).next_kernel,
+        )  # fmt: skip
+    if to_install and not state.is_executing:
+        logger.info("%splan: install %s; hold as one: %s, and every package of driver %s the install pulls in",
+                    host.print_prefix, " ".join(_packages.pins_of(to_install)), ", ".join(decided.held_set),
+                    plan.version)  # fmt: skip
     if to_install:
-        yield _packages.install(to_install, download=downloaded is None)
+        install = _packages.install_built if plan.method == "dkms" else _packages.install
+        yield install(to_install, download=downloaded is None)
     loaded = facts["driver"]["kernel_module_version"]
-    if plan.method == "dkms" and not same_driver(loaded, plan.version):
-        built = {"running": facts["built_module_version"], "boot": facts.get("boot_module_version")}
-        if to_install:  # read again after the install; a dry run installed nothing
-            built = _built_versions_now() if state.is_executing else dict.fromkeys(built, plan.version)
-        info = host_info(facts)
-        for which, kernel in zip(("running", "boot"), info.kernels, strict=False):
-            if not same_driver(built[which], plan.version):
-                found = f"version {built[which]}" if built[which] else "none"
-                next_boot = ", the kernel this node boots next" if which == "boot" else ""
-                yield _fail(
-                    f"NVIDIA driver {plan.version} is installed but DKMS built no nvidia {plan.version} module for "
-                    f"kernel {kernel}{next_boot} (`modinfo -k {kernel} nvidia` finds {found}; see `dkms status` and "
-                    "/var/lib/dkms/*/*/build/make.log on the node)"
-                )
+    # after an install the node is read again (a dry run installed nothing: what it would be is not known)
+    after = host.get_fact(NvidiaHostState) if to_install and state.is_executing else None
+    if plan.method == "dkms" and not same_driver(loaded, plan.version) and (after or not to_install):
+        modules = built_modules(after or facts)
+        for kernel in plan.kernels:
+            problem = module_problem(modules[kernel], plan.version, facts["secure_boot"])
+            if problem:
+                yield _fail(problem)
                 return
     if to_install or decided.to_hold:
-        yield _packages.hold(plan.hold)
+        yield _packages.hold(driver_set(plan, after["packages"]) if after else list(decided.held_set))
 
     if decided.needs_reboot and reboot:
         yield from _rebooted(reboot_timeout)
@@ -296,13 +303,6 @@ def _preinstalled(description: str, loaded: DriverInfo, reboot: bool, timeout: i
     if not state.is_executing:
         logger.info("%splan: %s", host.print_prefix, description)
     host.noop(description)
-
-
-def _built_versions_now() -> dict[str, str | None]:
-    """After an install: the version of the nvidia module for the running kernel and for the kernel the node
-    boots next (read again)."""
-    found = host.get_fact(NvidiaHostState)
-    return {"running": found["built_module_version"], "boot": found["boot_module_version"]}
 
 
 def _rebooted(timeout: int) -> Generator[Any, Any, None]:

@@ -3,17 +3,31 @@
 # each part after a line MARK<name>:
 #   kmod          the first nvidia*.ko* file under /lib/modules/RELEASE
 #   kmod_version  its version as modinfo reads it: module nvidia, else nvidia-current (Debian's name)
+#   kmod_vermagic its vermagic (the kernel release it was built for, then its options)
+#   kmod_signer   who signed it and the key's id (modinfo's signer and sig_key), nothing where unsigned
 #   boot_release  the release of the kernel the /vmlinuz (Debian) or /boot/vmlinuz (Ubuntu) link names
-#   boot_kmod, boot_kmod_version  as kmod and kmod_version, for that release
+#   boot_kmod, boot_kmod_version, boot_kmod_vermagic, boot_kmod_signer  as above, for that release
 # Usage: sh -c "$script" gpunode-built-module MARK
 # Exit status: 0.
 mark=$1
 PATH=$PATH:/sbin:/usr/sbin
-release=$(uname -r)
-echo "${mark}kmod"
-find /lib/modules/"$release" -name 'nvidia*.ko*' 2>/dev/null | head -n 1
-echo "${mark}kmod_version"
-modinfo -k "$release" -F version nvidia 2>/dev/null || modinfo -k "$release" -F version nvidia-current 2>/dev/null
+
+# built PREFIX RELEASE: the parts above for the module of kernel RELEASE
+built() {
+    echo "${mark}$1kmod"
+    find /lib/modules/"$2" -name 'nvidia*.ko*' 2>/dev/null | head -n 1
+    module=nvidia
+    modinfo -k "$2" -F version nvidia >/dev/null 2>&1 || module=nvidia-current
+    echo "${mark}$1kmod_version"
+    modinfo -k "$2" -F version "$module" 2>/dev/null | head -n 1
+    echo "${mark}$1kmod_vermagic"
+    modinfo -k "$2" -F vermagic "$module" 2>/dev/null | head -n 1
+    echo "${mark}$1kmod_signer"
+    signer=$(modinfo -k "$2" -F signer "$module" 2>/dev/null | head -n 1)
+    [ -z "$signer" ] || echo "$signer ($(modinfo -k "$2" -F sig_key "$module" 2>/dev/null | head -n 1))"
+}
+
+built "" "$(uname -r)"
 boot=
 for link in /vmlinuz /boot/vmlinuz; do
     if [ -L "$link" ]; then
@@ -27,9 +41,6 @@ case $boot in '' | *[!A-Za-z0-9._+~-]*) boot= ;; esac
 echo "${mark}boot_release"
 if [ -n "$boot" ]; then
     echo "$boot"
-    echo "${mark}boot_kmod"
-    find /lib/modules/"$boot" -name 'nvidia*.ko*' 2>/dev/null | head -n 1
-    echo "${mark}boot_kmod_version"
-    modinfo -k "$boot" -F version nvidia 2>/dev/null || modinfo -k "$boot" -F version nvidia-current 2>/dev/null
+    built boot_ "$boot"
 fi
 exit 0

@@ -26,8 +26,9 @@ LRM = {
     f"linux-modules-nvidia-580-server-{K}": ["6.8.0-45.45+1"],
     f"linux-signatures-nvidia-{K}": ["6.8.0-45.45+1"],
     "nvidia-dkms-580-server": ["580.126.20-0ubuntu0.24.04.2"],
+    f"linux-headers-{K}": ["6.8.0-45.45"],
 }
-NO_LRM = {k: v for k, v in LRM.items() if not k.startswith("linux-")}
+NO_LRM = {k: v for k, v in LRM.items() if not k.startswith(("linux-objects-", "linux-modules-", "linux-signatures-"))}
 
 
 def req(**kwargs: object) -> DriverRequest:
@@ -148,6 +149,7 @@ def test_ubuntu_open_flavour_names() -> None:
         "nvidia-utils-580-server-open",
         f"linux-modules-nvidia-580-server-open-{K}",
         "nvidia-dkms-580-server-open",
+        f"linux-headers-{K}",
     ]
 
 
@@ -163,7 +165,10 @@ def test_secure_boot_unknown_refuses_dkms_unless_the_key_is_declared_enrolled() 
     available = {
         "nvidia-driver": ["550.163.01-2"],
         "firmware-nvidia-gsp": ["550.163.01-2"],
+        "libcuda1": ["550.163.01-2"],
+        "nvidia-smi": ["550.163.01-2"],
         "nvidia-kernel-dkms": ["550.163.01-2"],
+        f"linux-headers-{unknown.kernel}": ["6.12.117-1"],
     }
     error = plan_driver(unknown, req(branch="550", allow_dkms=True), {}, available).error
     assert "Secure Boot state is unknown" in error and "mokutil --sb-state" in error and "mok_enrolled" in error
@@ -171,7 +176,7 @@ def test_secure_boot_unknown_refuses_dkms_unless_the_key_is_declared_enrolled() 
     plan = plan_driver(unknown, req(branch="550", allow_dkms=True, mok_enrolled=True), {}, available)
     assert plan.error == "" and plan.method == "dkms"
     # Installed and held already: a converged node under unknown Secure Boot is not taken as converged either.
-    installed = {name: versions[0] for name, versions in available.items()} | {f"linux-headers-{unknown.kernel}": "1"}
+    installed = {name: versions[0] for name, versions in available.items()}
     assert plan_driver(unknown, req(branch="550", allow_dkms=True), installed, None).error == "query"
     converged = plan_driver(unknown, req(branch="550", allow_dkms=True, mok_enrolled=True), installed, None)
     assert converged.method == "dkms"
@@ -201,13 +206,18 @@ def test_debian_needs_dkms_with_headers_and_pins_each_package() -> None:
     available = {
         "nvidia-driver": ["555.58.02-4", "550.163.01-5.1", "550.163.01-2"],
         "firmware-nvidia-gsp": ["550.163.01-2"],
+        "libcuda1": ["550.163.01-2"],
+        "nvidia-smi": ["550.163.01-2"],
         "nvidia-kernel-dkms": ["550.163.01-2"],
+        f"linux-headers-{DEBIAN.kernel}": ["6.12.117-1"],
     }
     assert "allow_dkms" in plan_driver(DEBIAN, req(branch="550"), {}, available).error
     plan = plan_driver(DEBIAN, req(branch="550", allow_dkms=True), {}, available)
     assert plan.packages == {
         "nvidia-driver": "550.163.01-5.1",
         "firmware-nvidia-gsp": "550.163.01-2",
+        "libcuda1": "550.163.01-2",  # recommended by nvidia-driver, so asked for by name: CUDA needs it
+        "nvidia-smi": "550.163.01-2",
         "nvidia-kernel-dkms": "550.163.01-2",
         f"linux-headers-{DEBIAN.kernel}": "",  # the running kernel's, unpinned: DKMS builds nothing without
     }
@@ -221,9 +231,12 @@ def test_debian_without_non_free_says_so() -> None:
 def test_debian_branches_per_release() -> None:
     bookworm = HostInfo("debian", "12", "6.1.0-30-amd64")
     assert "not in Debian 12" in plan_driver(bookworm, req(branch="550"), {}, {}).error
-    assert wanted_names(DEBIAN, req(branch="535")) == ["nvidia-tesla-535-driver", "nvidia-tesla-535-kernel-dkms"]
+    assert wanted_names(DEBIAN, req(branch="535")) == [
+        "nvidia-tesla-535-driver", "libnvidia-tesla-535-cuda1", "nvidia-tesla-535-smi",
+        "nvidia-tesla-535-kernel-dkms", f"linux-headers-{DEBIAN.kernel}",
+    ]  # fmt: skip
     assert "no open kernel module" in plan_driver(DEBIAN, req(branch="535", flavor="open"), {}, {}).error
-    assert wanted_names(DEBIAN, req(branch="550", flavor="open"))[-1] == "nvidia-open-kernel-dkms"
+    assert wanted_names(DEBIAN, req(branch="550", flavor="open"))[-2] == "nvidia-open-kernel-dkms"
 
 
 def test_missing_version_in_index() -> None:
@@ -246,11 +259,16 @@ def test_dkms_builds_for_the_kernel_the_node_boots_next_too() -> None:
     available = {
         "nvidia-driver": ["550.163.01-2"],
         "firmware-nvidia-gsp": ["550.163.01-2"],
+        "libcuda1": ["550.163.01-2"],
+        "nvidia-smi": ["550.163.01-2"],
         "nvidia-kernel-dkms": ["550.163.01-2"],
+        "linux-headers-6.12.117+deb13-amd64": ["6.12.117-1"],
+        "linux-headers-6.12.120+deb13-amd64": ["6.12.120-1"],
     }
     plan = plan_driver(upgrading, req(branch="550", allow_dkms=True), {}, available)
     assert plan.packages["linux-headers-6.12.117+deb13-amd64"] == ""
     assert plan.packages["linux-headers-6.12.120+deb13-amd64"] == ""
+    assert plan.kernels == ("6.12.117+deb13-amd64", "6.12.120+deb13-amd64") and plan.unbuilt == ()
     # installed for the running kernel only: not converged, the next kernel's headers are planned
     installed = {name: version or "6.12.117-1" for name, version in plan.packages.items() if "120" not in name}
     assert plan_driver(upgrading, req(version="550.163.01", allow_dkms=True), installed, None).error == "query"
@@ -258,3 +276,36 @@ def test_dkms_builds_for_the_kernel_the_node_boots_next_too() -> None:
     assert HostInfo("debian", "13", "6.12.117+deb13-amd64", boot_kernel="6.12.117+deb13-amd64").kernels == [
         "6.12.117+deb13-amd64"
     ]
+
+
+def test_the_running_kernels_headers_gone_from_the_archive_build_for_the_next_boot_only() -> None:
+    """Mid-upgrade, the running kernel's headers have left the archive (Debian drops an old kernel ABI at a
+    point release): the module is built for the kernel booted next, and the plan says the running one gets
+    none. Without the next kernel's headers there is no plan."""
+    upgrading = HostInfo("debian", "13", "6.12.48+deb13-amd64", "amd64", secure_boot=False,
+                         boot_kernel="6.12.117+deb13-amd64")  # fmt: skip
+    available = {
+        "nvidia-driver": ["550.163.01-2"],
+        "firmware-nvidia-gsp": ["550.163.01-2"],
+        "libcuda1": ["550.163.01-2"],
+        "nvidia-smi": ["550.163.01-2"],
+        "nvidia-kernel-dkms": ["550.163.01-2"],
+        "linux-headers-6.12.117+deb13-amd64": ["6.12.117-1"],
+    }
+    plan = plan_driver(upgrading, req(branch="550", allow_dkms=True), {}, available)
+    assert plan.error == "" and "linux-headers-6.12.48+deb13-amd64" not in plan.packages
+    assert plan.kernels == ("6.12.117+deb13-amd64",) and plan.unbuilt == ("6.12.48+deb13-amd64",)
+    # installed so: converged without asking the index
+    installed = {name: version or "6.12.117-1" for name, version in plan.packages.items()}
+    converged = plan_driver(upgrading, req(version="550.163.01", allow_dkms=True), installed, None)
+    assert converged.method == "dkms" and converged.unbuilt == ("6.12.48+deb13-amd64",)
+    del available["linux-headers-6.12.117+deb13-amd64"]
+    error = plan_driver(upgrading, req(branch="550", allow_dkms=True), {}, available).error
+    assert error == (
+        "the package index offers no linux-headers-6.12.117+deb13-amd64: DKMS cannot build the module for "
+        "kernel 6.12.117+deb13-amd64, the one this node boots next"
+    )
+    # booting the running kernel again: its headers are required
+    same = HostInfo("debian", "13", "6.12.117+deb13-amd64", "amd64", secure_boot=False)
+    error = plan_driver(same, req(branch="550", allow_dkms=True), {}, available).error
+    assert "offers no linux-headers-6.12.117+deb13-amd64" in error
