@@ -13,7 +13,7 @@ import json
 import logging
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +155,35 @@ def _post_configure(root: Path) -> None:
         subprocess.run(["chroot", str(root), "sh", "-ec", command], check=True)
 
 
+# The root of the host-preparation and driver-package chroot tests: what apt, unattended-upgrades, needrestart
+# and a real Debian kernel (with its initramfs) need, booted by no test host.
+HOSTPREP_RELEASE = "trixie"
+HOSTPREP_PACKAGES = (
+    "systemd,systemd-sysv,apt,unattended-upgrades,needrestart,linux-image-cloud-amd64,initramfs-tools,kmod"
+)
+
+
+def hostprep_root() -> Path:
+    """The cached trixie root with a kernel (built on first use, under a lock)."""
+    roots = roots_dir()
+    roots.mkdir(parents=True, exist_ok=True)
+    root = roots / f"{HOSTPREP_RELEASE}-hostprep"
+    with open(roots / f"{HOSTPREP_RELEASE}-hostprep.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "usr/bin/apt-mark").exists():
+            tmp = roots / f"{HOSTPREP_RELEASE}-hostprep.tmp"
+            _remove_tree(tmp)
+            debs = debs_dir("").parent
+            debs.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                ["debootstrap", "--variant=minbase", "--components=main", f"--cache-dir={debs}",
+                 f"--include={HOSTPREP_PACKAGES}", HOSTPREP_RELEASE, str(tmp), debian_mirror()],
+                check=True, capture_output=True,
+            )  # fmt: skip
+            tmp.rename(root)
+    return root
+
+
 def _remove_tree(path: Path) -> None:
     """Remove ``path`` without crossing into file systems mounted below it (a killed debootstrap)."""
     if path.exists():
@@ -162,13 +191,14 @@ def _remove_tree(path: Path) -> None:
 
 
 @contextmanager
-def writable_copy(lower: Path, directory: Path) -> Iterator[Path]:
+def writable_copy(lower: Path, directory: Path, below: Sequence[Path] = ()) -> Iterator[Path]:
     """A writable overlay of the root ``lower``, mounted at ``directory/merged`` (its writes land in
-    ``directory/upper``) and unmounted on exit; the cached root itself is never written."""
+    ``directory/upper``) and unmounted on exit; the cached root itself is never written. ``below``: layers
+    under ``lower``, topmost first (``lower`` then being a layer of changes to them)."""
     merged, upper, work = (directory / sub for sub in ("merged", "upper", "work"))
     for path in (merged, upper, work):
         path.mkdir(parents=True)
-    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    options = f"lowerdir={':'.join(map(str, (lower, *below)))},upperdir={upper},workdir={work}"
     subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
     try:
         yield merged

@@ -1,7 +1,8 @@
 """Driver packages downloaded before the rollout's turns, on three systemd hosts (trixie).
 
 Each host shows an NVIDIA GPU and a loaded nvidia module, and reads a local apt repository of small
-test packages standing for Debian's driver packages (``nvidia-driver``, ``firmware-nvidia-gsp``,
+test packages standing for Debian's driver packages (``nvidia-driver``, ``firmware-nvidia-gsp``, ``libcuda1``,
+``nvidia-smi``,
 ``nvidia-kernel-dkms`` and the running kernel's headers), built here with ``dpkg-deb`` and served
 with apt's ``copy:`` method, which fetches into ``/var/cache/apt/archives`` as a remote repository
 does. The before-hook is a real program: at each turn it lists every node's apt cache, then makes
@@ -62,6 +63,8 @@ def build_repository(directory: Path, kernel: str) -> Path:
     packages = {
         "nvidia-driver": PACKAGE_VERSION,
         "firmware-nvidia-gsp": PACKAGE_VERSION,
+        "libcuda1": PACKAGE_VERSION,
+        "nvidia-smi": PACKAGE_VERSION,
         "nvidia-kernel-dkms": PACKAGE_VERSION,
         f"linux-headers-{kernel}": "1",
     }
@@ -169,14 +172,14 @@ def test_driver_packages_are_downloaded_before_the_first_turn_and_the_turn_downl
     hook.chmod(0o755)
     path = inventory(fleet, tmp_path, hook)
     pins = (
-        f"firmware-nvidia-gsp={PACKAGE_VERSION}, linux-headers-{kernel}, nvidia-driver={PACKAGE_VERSION}, "
-        f"nvidia-kernel-dkms={PACKAGE_VERSION}"
+        f"firmware-nvidia-gsp={PACKAGE_VERSION}, libcuda1={PACKAGE_VERSION}, linux-headers-{kernel}, "
+        f"nvidia-driver={PACKAGE_VERSION}, nvidia-kernel-dkms={PACKAGE_VERSION}, nvidia-smi={PACKAGE_VERSION}"
     )
     caches = {node: apt_cache(fleet, node) for node in NODES}
 
     dry = deploy(path, "--dry")
     assert dry.returncode == 0, dry.stdout
-    assert f"[dl1] plan: download before the turns: {pins} (4 files, " in dry.stdout, dry.stdout
+    assert f"[dl1] plan: download before the turns: {pins} (6 files, " in dry.stdout, dry.stdout
     assert "; the turn installs without downloading" in dry.stdout
     assert {node: apt_cache(fleet, node) for node in NODES} == caches, "a dry run wrote under /var/cache/apt"
     assert calls(log) == []
@@ -191,7 +194,7 @@ def test_driver_packages_are_downloaded_before_the_first_turn_and_the_turn_downl
     debs = sorted(
         [
             f"{name}_{PACKAGE_VERSION}_amd64.deb"
-            for name in ("firmware-nvidia-gsp", "nvidia-driver", "nvidia-kernel-dkms")
+            for name in ("firmware-nvidia-gsp", "libcuda1", "nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi")
         ]
         + [f"linux-headers-{kernel}_1_amd64.deb"]
     )

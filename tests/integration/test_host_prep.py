@@ -7,7 +7,6 @@ connector. Needs root and debootstrap; the Debian archive is the one this machin
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
@@ -36,8 +35,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("debootstrap") is None, reason="needs debootstrap"),
 ]
 
-RELEASE = "trixie"
-PACKAGES = "systemd,systemd-sysv,apt,unattended-upgrades,needrestart,linux-image-cloud-amd64,initramfs-tools,kmod"
 NEEDRESTART_EVAL = r"""
 our %nrconf;
 do "/etc/needrestart/needrestart.conf";
@@ -50,35 +47,16 @@ for my $unit ("containerd.service", "kubelet.service", "nvidia-persistenced.serv
 """
 
 from tests.fleet.archive import debian_mirror  # noqa: E402
-from tests.fleet.roots import writable_copy  # noqa: E402
+from tests.fleet.roots import HOSTPREP_RELEASE as RELEASE  # noqa: E402
+from tests.fleet.roots import hostprep_root, writable_copy  # noqa: E402
 
 logging.getLogger("paramiko").setLevel(logging.WARNING)
 
 
-def _cache() -> Path:
-    return Path(os.environ.get("GPUNODE_CACHE", "/var/cache/pyinfra-gpunode"))
-
-
 @pytest.fixture(scope="session")
 def base_root() -> Path:
-    """The cached trixie root (built on first use, under a lock)."""
-    roots = _cache() / "roots"
-    roots.mkdir(parents=True, exist_ok=True)
-    root = roots / f"{RELEASE}-hostprep"
-    with open(roots / f"{RELEASE}-hostprep.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "usr/bin/apt-mark").exists():
-            tmp = roots / f"{RELEASE}-hostprep.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            debs = _cache() / "debs"
-            debs.mkdir(parents=True, exist_ok=True)
-            subprocess.run(
-                ["debootstrap", "--variant=minbase", "--components=main", f"--cache-dir={debs}",
-                 f"--include={PACKAGES}", RELEASE, str(tmp), debian_mirror()],
-                check=True, capture_output=True,
-            )  # fmt: skip
-            tmp.rename(root)
-    return root
+    """The cached trixie root with a kernel (built on first use, under a lock)."""
+    return hostprep_root()
 
 
 @pytest.fixture
@@ -216,7 +194,9 @@ def test_driver_plan_dry_run_debian(node: Path) -> None:
     plan = plan_driver(info, request, {}, available)
     assert plan.error == ""
     assert plan.method == "dkms"
-    assert sorted(plan.packages) == ["firmware-nvidia-gsp", headers, "nvidia-driver", "nvidia-kernel-dkms"]
+    assert sorted(plan.packages) == [
+        "firmware-nvidia-gsp", "libcuda1", headers, "nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi",
+    ]  # fmt: skip
     assert plan.version.startswith("550.")
     assert plan.packages.pop(headers) == ""  # the running kernel's headers, as the index has them
     assert all(v.startswith(plan.version + "-") for v in plan.packages.values())

@@ -63,6 +63,8 @@ HOST_STATE = [
     "@@packages",
     "hi \tnvidia-driver\t550.163.01-2",
     "hi \tfirmware-nvidia-gsp\t550.163.01-2",
+    "hi \tlibcuda1\t550.163.01-2",
+    "hi \tnvidia-smi\t550.163.01-2",
     "hi \tnvidia-kernel-dkms\t550.163.01-2",
     "hi \tlinux-headers-6.12.117+deb13-amd64\t6.12.117-1",
     "@@kmod",

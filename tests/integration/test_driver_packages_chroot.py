@@ -1,0 +1,162 @@
+"""The driver step with Debian's real NVIDIA packages (550.163.01, trixie non-free) in a root with a real
+Debian kernel and its headers: the dry run, the install with its DKMS build, the whole set held, a second
+run, and a module Secure Boot would refuse.
+
+In a chroot the running kernel (``uname -r``) is this machine's, whose headers no archive offers: the node
+is one mid-upgrade whose running kernel's headers have left the archive, and the module is built for the
+kernel it boots next (the root's ``/vmlinuz``), the one that matters after the reboot. The install is made
+once per machine and code (``tests/integration/driver_packages.py``); each test works on a writable copy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyinfra_gpunode.operations import _packages
+from tests.fleet.roots import hostprep_root, writable_copy
+from tests.integration.driver_packages import (
+    DRIVER,
+    PACKAGE_VERSION,
+    fetched,
+    installed_layer,
+    kernel_of,
+    prepared,
+    run,
+    wanted,
+)
+from tests.integration.gpu_state import write
+
+pytestmark = [
+    pytest.mark.chroot,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chroot, overlay mounts)"),
+    pytest.mark.skipif(shutil.which("debootstrap") is None, reason="needs debootstrap"),
+]
+SECURE_BOOT = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+
+
+@pytest.fixture(scope="module")
+def root() -> Path:
+    return hostprep_root()
+
+
+@pytest.fixture(scope="module")
+def installed(root: Path) -> tuple[Path, dict[str, Any]]:
+    return installed_layer(root)
+
+
+@pytest.fixture
+def fresh(root: Path, tmp_path: Path) -> Iterator[Path]:
+    """A GPU node without a driver whose apt has the packages in its cache."""
+    archive = fetched(root)
+    with writable_copy(root, tmp_path) as node:
+        prepared(node, archive)
+        yield node
+
+
+@pytest.fixture
+def after_install(root: Path, installed: tuple[Path, dict[str, Any]], tmp_path: Path) -> Iterator[Path]:
+    """A writable copy of the node as the driver step's install left it."""
+    with writable_copy(installed[0], tmp_path, below=[root]) as node:
+        yield node
+
+
+def sh(root: Path, command: str) -> str:
+    return subprocess.run(
+        ["chroot", str(root), "sh", "-c", command], capture_output=True, text=True, check=True,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+    ).stdout  # fmt: skip
+
+
+def changes_in(upper: Path) -> list[str]:
+    """Every path written in an overlay's upper layer, with its size and time; ``/tmp`` itself only by what it
+    holds (a read stages its work in a temporary directory of its own there, and removes it)."""
+    return sorted(
+        f"{path.relative_to(upper)} {path.lstat().st_size} {path.lstat().st_mtime_ns}"
+        for path in upper.rglob("*")
+        if path != upper / "tmp"
+    )
+
+
+def running_kernel_unbuilt(root: Path) -> bool:
+    """Whether this machine's kernel, the chroot's running one, is not the root's (no headers exist for it)."""
+    return os.uname().release != kernel_of(root)
+
+
+def test_the_dry_run_plans_the_real_packages_and_changes_nothing(fresh: Path, root: Path) -> None:
+    upper = fresh.parent / "upper"
+    before = changes_in(upper)
+    status, log = run(fresh, "--dry")
+    assert status == 0, log
+    kernel = kernel_of(root)
+    assert f"plan: install {' '.join(sorted(wanted(root)))}; hold as one: " in log  # what the test fetched
+    assert "; hold as one: firmware-nvidia-gsp, libcuda1, linux-headers-" in log
+    if running_kernel_unbuilt(root):
+        assert f"DKMS builds the nvidia {DRIVER} module for kernel {kernel} only" in log
+    assert changes_in(upper) == before  # dpkg's status, holds, apt's cache, modules: nothing written
+
+
+def test_the_install_builds_the_module_for_the_boot_kernel_and_holds_the_whole_set(
+    installed: tuple[Path, dict[str, Any]], after_install: Path, root: Path
+) -> None:
+    status, log = installed[1]["status"], installed[1]["log"]
+    assert status == 0, log
+    kernel = kernel_of(root)
+    node = after_install
+    assert (node / f"lib/modules/{kernel}/updates/dkms/nvidia-current.ko.xz").is_file()
+    assert sh(node, f"modinfo -k {kernel} -F version nvidia-current").strip() == DRIVER
+    assert sh(node, f"modinfo -k {kernel} -F vermagic nvidia-current").split()[0] == kernel
+    assert sh(node, "dpkg --audit") == ""  # nothing half-installed
+    held = set(sh(node, "apt-mark showhold").split())
+    of_the_driver = {
+        line.split()[0]
+        for line in sh(node, "dpkg-query -W -f='${Package} ${Version}\\n'").splitlines()
+        if line.split()[1].startswith(f"{DRIVER}-")
+    }
+    assert {"nvidia-driver", "nvidia-kernel-dkms", "firmware-nvidia-gsp", f"linux-headers-{kernel}"} <= held
+    assert {"libnvidia-ml1", "libcuda1", "nvidia-kernel-support"} <= of_the_driver <= held, of_the_driver - held
+
+
+def test_a_second_run_changes_nothing(after_install: Path) -> None:
+    upper = after_install.parent / "upper"
+    status, log = run(after_install)
+    assert status == 0, log
+    assert "] No changes" in log, log
+    assert changes_in(upper) == []
+
+
+def test_secure_boot_refuses_the_unsigned_module_dkms_built(after_install: Path) -> None:
+    """Debian's DKMS signs only with a key it makes with openssl, which the node lacks: the module is
+    unsigned, and with Secure Boot on (the key declared enrolled) the step fails the node naming it."""
+    write(after_install, "/" + SECURE_BOOT, "\x06\x00\x00\x00\x01")
+    status, log = run(after_install, data={"mok_enrolled": True})
+    assert status != 0
+    assert f"the nvidia {DRIVER} module DKMS built for kernel" in log and "is not signed, and Secure Boot is on" in log
+
+
+def test_a_failed_build_is_named_by_its_log(fresh: Path) -> None:
+    """The driver step's install command, where apt fails after a DKMS build failed (an ``apt-get`` standing
+    for one: the real build takes minutes): the last lines of the build's log follow apt's output."""
+    fake_apt = (
+        "#!/bin/sh\n"
+        "mkdir -p /var/lib/dkms/nvidia-current/550.163.01/build\n"
+        "printf 'line %s\\n' $(seq 1 30) > /var/lib/dkms/nvidia-current/550.163.01/build/make.log\n"
+        "echo 'Error! Bad return status for module build on kernel' >&2\n"
+        "exit 100\n"
+    )
+    write(fresh, "/usr/local/sbin/apt-get", fake_apt)
+    (fresh / "usr/local/sbin/apt-get").chmod(0o755)
+    command = str(_packages.install_built({"nvidia-kernel-dkms": PACKAGE_VERSION}))
+    done = subprocess.run(
+        ["chroot", str(fresh), "sh", "-c", command], capture_output=True, text=True,
+        env={"PATH": "/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+    )  # fmt: skip
+    assert done.returncode == 100
+    assert "DKMS build log /var/lib/dkms/nvidia-current/550.163.01/build/make.log, its last lines:" in done.stderr
+    assert "line 30" in done.stderr and "line 11" in done.stderr and "line 10\n" not in done.stderr
