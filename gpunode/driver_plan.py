@@ -9,6 +9,7 @@ Two steps, so that a converged host needs no package-index query:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -415,6 +416,19 @@ def driver_set(plan: DriverPlan, packages: Mapping[str, Mapping[str, Any]]) -> l
     return sorted(set(plan.packages) | same)
 
 
+# The package that names a driver tree, per family: Debian's current and Tesla branches, Ubuntu's headless ones.
+_LEAD = re.compile(r"nvidia-driver|nvidia-tesla-\d+-driver|nvidia-headless-no-dkms-\d+(-server)?(-open)?")
+
+
+def previous_driver(packages: Mapping[str, Mapping[str, Any]], version: str) -> str:
+    """The driver version the node's packages hold now (``packages``: ``NvidiaHostState``'s), where another
+    than ``version``: the upstream version of its installed lead package (``nvidia-driver``,
+    ``nvidia-tesla-535-driver``, ``nvidia-headless-no-dkms-580-server``); ``""`` where none, or several."""
+    found = {upstream_version(str(package["version"])) for name, package in packages.items() if _LEAD.fullmatch(name)}
+    found = {found_version for found_version in found if is_driver_version(found_version) and found_version != version}
+    return found.pop() if len(found) == 1 else ""
+
+
 def host_info(node: Mapping[str, Any]) -> HostInfo:
     """The host as the plan needs it, from ``NvidiaHostState``'s value."""
     return HostInfo(
@@ -439,6 +453,7 @@ class DriverDecision:
     to_install: Mapping[str, str] = field(default_factory=dict)  # name -> exact version ("": any)
     to_hold: tuple[str, ...] = ()
     held_set: tuple[str, ...] = ()  # what is held as one once installed (:func:`driver_set`), as far as installed now
+    replaces: str = ""  # the driver version the install replaces (:func:`previous_driver`), "" where none
     index: tuple[str, ...] = ()  # read these names' versions from the package index, then decide again
 
     @property
@@ -464,7 +479,8 @@ class DriverDecision:
                 return [f"driver: reboot ({loaded} loaded, {self.loaded['userspace_version']} installed)"]
             return []
         pins = " ".join(f"{name}={version}" if version else name for name, version in sorted(self.to_install.items()))
-        changes = [f"driver: install {pins}"] if self.to_install else []
+        replacing = f", replacing driver {self.replaces}" if self.replaces else ""
+        changes = [f"driver: install {pins}{replacing}"] if self.to_install else []
         if reboot and self.needs_reboot:
             changes.append(f"driver: reboot ({loaded or 'no module'} loaded, {self.plan.version} installed)")
         return changes
@@ -523,4 +539,5 @@ def decide_driver(
         to_install=to_install,
         to_hold=tuple(name for name in whole if name not in held),
         held_set=tuple(whole),
+        replaces=previous_driver(node["packages"], plan.version) if to_install else "",
     )

@@ -50,12 +50,13 @@ def install(packages: dict[str, str], download: bool = True) -> StringCommand:
 _INSTALL_BUILT_SCRIPT = shell.script(Path(__file__).parent / "shell" / "apt-install-built.sh")
 
 
-def install_built(packages: dict[str, str], download: bool = True) -> StringCommand:
-    """``install`` of packages whose install builds a kernel module with DKMS: where apt fails, the last lines
-    of the build logs follow its output, naming what broke the build."""
-    return StringCommand(
-        shell.command(_INSTALL_BUILT_SCRIPT, "gpunode-install-built", *_install_arguments(packages, download))
-    )
+def install_built(packages: dict[str, str], version: str, replaces: str = "", download: bool = True) -> StringCommand:
+    """``install`` of driver ``version``'s packages, whose install may build a kernel module with DKMS, in place
+    of driver ``replaces`` (``""``: none): its packages are removed once the new ones are installed and built.
+    Where apt fails, the last lines of the build logs follow its output, naming what broke the build, and the
+    node is put back: the new version's packages removed, the replaced driver's at their versions, held."""
+    arguments = _install_arguments(packages, download)
+    return StringCommand(shell.command(_INSTALL_BUILT_SCRIPT, "gpunode-install-built", replaces, version, *arguments))
 
 
 # Downloads into apt's cache, installing nothing; ends with apt's first error when it fails.

@@ -129,12 +129,17 @@ def driver(
             plan.version, ", ".join(plan.kernels), ", ".join(plan.unbuilt), host_info(facts).next_kernel,
         )  # fmt: skip
     if to_install and not state.is_executing:
-        logger.info("%splan: install %s; hold as one: %s, and every package of driver %s the install pulls in",
-                    host.print_prefix, " ".join(_packages.pins_of(to_install)), ", ".join(decided.held_set),
+        replacing = (
+            f"; once it is installed and built, driver {decided.replaces}'s packages apt no longer needs are removed"
+            if decided.replaces
+            else ""
+        )
+        logger.info("%splan: install %s%s; hold as one: %s, and every package of driver %s the install pulls in; "
+                    "where the install fails, the node is put back as it was", host.print_prefix,
+                    " ".join(_packages.pins_of(to_install)), replacing, ", ".join(decided.held_set),
                     plan.version)  # fmt: skip
     if to_install:
-        install = _packages.install_built if plan.method == "dkms" else _packages.install
-        yield install(to_install, download=downloaded is None)
+        yield _packages.install_built(to_install, plan.version, decided.replaces, download=downloaded is None)
     loaded = facts["driver"]["kernel_module_version"]
     # after an install the node is read again (a dry run installed nothing: what it would be is not known)
     after = host.get_fact(NvidiaHostState) if to_install and state.is_executing else None

@@ -2,7 +2,8 @@
 # Print the NVIDIA kernel module built for the running kernel, and for the kernel the node boots next,
 # each part after a line MARK<name>:
 #   kmod          the first nvidia*.ko* file under /lib/modules/RELEASE
-#   kmod_version  its version as modinfo reads it: module nvidia, else nvidia-current (Debian's name)
+#   kmod_version  its version as modinfo reads it: the module `modprobe nvidia` loads (Debian names it in
+#                 an install line: nvidia-current, nvidia-tesla-535), else nvidia, else nvidia-current
 #   kmod_vermagic its vermagic (the kernel release it was built for, then its options)
 #   kmod_signer   who signed it and the key's id (modinfo's signer and sig_key), nothing where unsigned
 #   boot_release  the release of the kernel the /vmlinuz (Debian) or /boot/vmlinuz (Ubuntu) link names
@@ -16,8 +17,15 @@ PATH=$PATH:/sbin:/usr/sbin
 built() {
     echo "${mark}$1kmod"
     find /lib/modules/"$2" -name 'nvidia*.ko*' 2>/dev/null | head -n 1
-    module=nvidia
-    modinfo -k "$2" -F version nvidia >/dev/null 2>&1 || module=nvidia-current
+    # the module `modprobe nvidia` loads: Debian names it in an install line its alternatives choose
+    # (nvidia-current, nvidia-tesla-535), else nvidia, else nvidia-current
+    module=$(cat /etc/modprobe.d/*.conf 2>/dev/null | head -c 100000 |
+        awk '$1 == "install" && $2 == "nvidia" { for (i = 3; i < NF; i++) if ($i == "-i") { print $(i + 1); exit } }')
+    case $module in nvidia-*) case $module in *[!A-Za-z0-9_-]*) module= ;; esac ;; *) module= ;; esac
+    if [ -z "$module" ]; then
+        module=nvidia
+        modinfo -k "$2" -F version nvidia >/dev/null 2>&1 || module=nvidia-current
+    fi
     echo "${mark}$1kmod_version"
     modinfo -k "$2" -F version "$module" 2>/dev/null | head -n 1
     echo "${mark}$1kmod_vermagic"

@@ -1,17 +1,86 @@
 # shellcheck shell=sh
-# Install packages (arguments: apt-get install's options, then name=version) whose install builds a kernel
-# module with DKMS. Where apt fails, the last lines of each DKMS build log the install wrote follow apt's
-# output on stderr, so that the failure names what broke the build.
-# Usage: sh -c "$script" gpunode-install-built APT-GET-ARGUMENT...
+# Install a driver's packages (arguments after the versions: apt-get install's options, then name=version)
+# whose install builds a kernel module with DKMS, replacing the driver of version OLD where one is installed:
+# OLD's packages stay installed until the new ones are installed and built, then those apt no longer needs are
+# removed. Where apt fails, the last lines of each DKMS build log the install wrote follow apt's output on
+# stderr, and the node is put back as it was: the new version's packages removed and the previous driver's
+# packages at their versions (from apt's cache: a package the install replaced is downgraded to the file kept
+# there), held again; the last line says whether that worked.
+# Usage: sh -c "$script" gpunode-install-built OLD NEW APT-GET-ARGUMENT...   (OLD "": no driver to replace)
 # Exit status: apt-get's.
 set -u
+old=$1 new=$2
+shift 2
+export DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1
+
+# of_version V [FORMAT]: the driver packages on the node (installed, or left unpacked or half-configured by a
+# failed install) whose version's upstream part is V
+of_version() {
+    dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\n' '*nvidia*' 'libcuda*' 2>/dev/null |
+        awk -v v="$1" -v pins="${2:-}" '$1 ~ /^.[iUFHWt]/ {
+            u = $3; sub(/^[0-9]+:/, "", u); sub(/-[^-]*$/, "", u)
+            if (u == v) { if (pins) print $2 "=" $3; else print $2 }
+        }'
+}
+
+# removable NAME...: those of NAMES apt would remove as no longer needed by what depends on them (a
+# suggestion or recommendation keeps none: glx-alternative-nvidia suggests nvidia-driver)
+removable() {
+    apt-get -s -o APT::AutoRemove::SuggestsImportant=false -o APT::AutoRemove::RecommendsImportant=false \
+        autoremove 2>/dev/null | awk '/^Remv / {print $2}' | grep -Fx "$(printf '%s\n' "$@")"
+}
+
+# retire OLD: remove its packages that nothing else needs (a package both drivers provide may satisfy a
+# dependency with the old one's: those go one by one where removing them takes nothing else with them)
+retire() {
+    for _ in 1 2 3; do
+        # shellcheck disable=SC2046
+        gone=$(removable $(of_version "$1"))
+        [ -n "$gone" ] || break
+        # shellcheck disable=SC2086
+        apt-get remove -y --allow-change-held-packages $gone || return
+    done
+    for name in $(of_version "$1"); do
+        with=$(apt-get -s remove "$name" 2>/dev/null | awk '/^Remv / {print $2}' | grep -vFx "$(of_version "$1")")
+        [ -n "$with" ] || apt-get remove -y --allow-change-held-packages "$name" || return
+    done
+}
+
+previous=
+if [ -n "$old" ]; then
+    previous=$(of_version "$old" pins)
+    # apt removes no held package and no package marked as installed by hand as no longer needed
+    # shellcheck disable=SC2046 # one word per package
+    [ -z "$previous" ] || { apt-mark unhold $(of_version "$old") && apt-mark auto $(of_version "$old"); } >/dev/null
+fi
 start=$(date +%s)
 status=0
-DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 apt-get install "$@" || status=$?
-if [ "$status" -ne 0 ]; then
-    find /var/lib/dkms -name make.log -newermt "@$start" 2>/dev/null | head -n 4 | while read -r log; do
-        echo "DKMS build log $(printf '%s' "$log" | tr -c 'A-Za-z0-9._+~/-' '?' | head -c 300), its last lines:" >&2
-        tail -n 20 "$log" | cut -b 1-300 >&2
-    done
+apt-get install "$@" || status=$?
+if [ "$status" -eq 0 ]; then
+    if [ -n "$previous" ]; then
+        retire "$old" || status=$?
+    fi
+    exit "$status"
+fi
+find /var/lib/dkms -name make.log -newermt "@$start" 2>/dev/null | head -n 4 | while read -r log; do
+    echo "DKMS build log $(printf '%s' "$log" | tr -c 'A-Za-z0-9._+~/-' '?' | head -c 300), its last lines:" >&2
+    tail -n 20 "$log" | cut -b 1-300 >&2
+done
+# Back to what was there: the previous driver's packages at their versions, the new version's removed.
+names=$(printf '%s\n' "$previous" | sed 's/=.*//')
+brought=$(of_version "$new" | grep -vFx "$names")
+# shellcheck disable=SC2046,SC2086
+if apt-get install -y --no-install-recommends --allow-downgrades --allow-change-held-packages --no-download \
+    $previous $(printf '%s-\n' $brought) >&2; then
+    retire "$new" >&2
+    if [ -n "$previous" ]; then
+        # shellcheck disable=SC2086
+        apt-mark hold $names >/dev/null
+        echo "the install of driver $new failed: driver $old is back, its packages held again" >&2
+    else
+        echo "the install of driver $new failed: its packages are removed again" >&2
+    fi
+else
+    echo "the install of driver $new failed, and undoing it failed too (see above)" >&2
 fi
 exit "$status"

@@ -11,6 +11,7 @@ from pyinfra_gpunode.driver_plan import (
     foreign_driver,
     plan_driver,
     preinstalled_driver,
+    previous_driver,
     resolve_source,
     wanted_names,
 )
@@ -309,3 +310,20 @@ def test_the_running_kernels_headers_gone_from_the_archive_build_for_the_next_bo
     same = HostInfo("debian", "13", "6.12.117+deb13-amd64", "amd64", secure_boot=False)
     error = plan_driver(same, req(branch="550", allow_dkms=True), {}, available).error
     assert "offers no linux-headers-6.12.117+deb13-amd64" in error
+
+
+def test_the_driver_a_change_replaces_is_the_installed_lead_packages_version() -> None:
+    installed = {
+        "nvidia-driver": {"version": "550.163.01-2"}, "libnvidia-ml1": {"version": "550.163.01-2"},
+        "nvidia-persistenced": {"version": "550.54.14-1"}, "libnvidia-container1": {"version": "1.17.8-1"},
+    }  # fmt: skip
+    assert previous_driver(installed, "535.274.02") == "550.163.01"
+    assert previous_driver(installed, "550.163.01") == ""  # the same driver: nothing replaced
+    tesla = {"nvidia-tesla-535-driver": {"version": "535.274.02-1~deb13u1"}}
+    assert previous_driver(tesla, "550.163.01") == "535.274.02"
+    ubuntu = {"nvidia-headless-no-dkms-580-server": {"version": "580.95.05-0ubuntu0.24.04.1"}}
+    assert previous_driver(ubuntu, "580.126.20") == "580.95.05"
+    # two drivers' lead packages side by side: which to remove is not guessed
+    both = {**installed, **tesla}
+    assert previous_driver(both, "580.126.20") == ""
+    assert previous_driver({"nvidia-driver": {"version": "garbage"}}, "550.163.01") == ""
