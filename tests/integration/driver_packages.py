@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,23 @@ driver.driver(
     mok_enrolled=host.data.get("mok_enrolled", False),
 )
 """
+
+
+TESLA = "535.274.02"  # Debian 13's nvidia-tesla-535 branch, the branch change's target
+TESLA_VERSION = f"{TESLA}-1~deb13u1"
+
+
+def tesla_wanted(root: Path) -> list[str]:
+    """What the driver step installs for branch 535 (as its plan names the packages)."""
+    names = ("nvidia-tesla-535-driver", "libnvidia-tesla-535-cuda1", "nvidia-tesla-535-smi",
+             "nvidia-tesla-535-kernel-dkms")  # fmt: skip
+    return [*(f"{name}={TESLA_VERSION}" for name in names), f"linux-headers-{kernel_of(root)}"]
+
+
+def archive_stamp(root: Path) -> str:
+    """What the driver's packages for ``root`` were fetched from."""
+    return json.dumps([(cache_dir() / "nvidia" / f"archive-{HOSTPREP_RELEASE}" / "sources.list").read_text(),
+                       wanted(root)])  # fmt: skip
 
 
 def kernel_of(root: Path) -> str:
@@ -82,26 +100,30 @@ def _apt(scratch: Path, root: Path) -> list[str]:
     ]
 
 
-def fetched(root: Path) -> Path:
+def fetched(root: Path, packages: list[str] | None = None) -> Path:
     """A directory with ``sources.list``, apt's ``lists`` for it and, in ``cache/archives``, every file an
-    install of the driver into ``root`` needs; fetched once per machine (under a lock)."""
+    install of ``packages`` (default: the driver, ``wanted``) into ``root`` (its dpkg status) needs; the lists
+    fetched once per machine and sources, the files once per packages and status (under a lock)."""
+    packages = wanted(root) if packages is None else packages
     scratch = cache_dir() / "nvidia" / f"archive-{HOSTPREP_RELEASE}"
     scratch.mkdir(parents=True, exist_ok=True)
     sources = f"deb [signed-by={KEYRING}] {debian_mirror()} {HOSTPREP_RELEASE} {COMPONENTS}\n"
     status = hashlib.sha256((root / "var/lib/dpkg/status").read_bytes()).hexdigest()
-    stamp = json.dumps({"sources": sources, "packages": wanted(root), "status": status})
+    done = scratch / "fetched" / hashlib.sha256(json.dumps([sources, packages, status]).encode()).hexdigest()
     with open(scratch.parent / f".archive-{HOSTPREP_RELEASE}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (scratch / "stamp").exists() and (scratch / "stamp").read_text() == stamp:
+        if done.exists():
             return scratch
-        for sub in ("lists/partial", "cache/archives/partial"):
-            (scratch / sub).mkdir(parents=True, exist_ok=True)
-        (scratch / "sources.list").write_text(sources)
-        (scratch / "stamp").unlink(missing_ok=True)
         apt = _apt(scratch, root)
-        subprocess.run([*apt, "update"], check=True)
-        subprocess.run([*apt, "install", "--download-only", "-y", "--no-install-recommends", *wanted(root)], check=True)
-        (scratch / "stamp").write_text(stamp)
+        for sub in ("lists/partial", "cache/archives/partial", "fetched"):
+            (scratch / sub).mkdir(parents=True, exist_ok=True)
+        if not (scratch / "sources.list").exists() or (scratch / "sources.list").read_text() != sources:
+            for old in (scratch / "fetched").iterdir():
+                old.unlink()
+            (scratch / "sources.list").write_text(sources)
+            subprocess.run([*apt, "update"], check=True)
+        subprocess.run([*apt, "install", "--download-only", "-y", "--no-install-recommends", *packages], check=True)
+        done.touch()
     return scratch
 
 
@@ -116,13 +138,19 @@ def prepared(node: Path, archive: Path) -> None:
     for new in (archive / "lists").iterdir():
         if new.is_file() and new.name != "lock":
             shutil.copy2(new, lists / new.name)
+    cached(node, archive)
+    plant_gpu(node / "sys/bus/pci/devices")
+
+
+def cached(node: Path, archive: Path) -> None:
+    """Every file of ``archive`` in the node's apt cache (linked; copied across file systems)."""
     archives = node / "var/cache/apt/archives"
     for deb in (archive / "cache/archives").glob("*.deb"):
-        try:
-            os.link(deb, archives / deb.name)
-        except OSError:
-            shutil.copy2(deb, archives / deb.name)
-    plant_gpu(node / "sys/bus/pci/devices")
+        if not (archives / deb.name).exists():
+            try:
+                os.link(deb, archives / deb.name)
+            except OSError:
+                shutil.copy2(deb, archives / deb.name)
 
 
 def run(node: Path, *args: str, data: dict[str, Any] | None = None) -> tuple[int, str]:
@@ -152,9 +180,36 @@ def installed_layer(root: Path) -> tuple[Path, dict[str, Any]]:
     layer to lay over it) and its run's record (``status``, ``log``); made once per packages, root and code
     (under a lock), kept in the cache."""
     archive = fetched(root)
-    base = roots_dir() / f"{HOSTPREP_RELEASE}-hostprep-driver-{DRIVER}"
-    stamp = json.dumps({"archive": (archive / "stamp").read_text(), "root": str(root), "code": _code_hash()})
-    with open(roots_dir() / f".{base.name}.lock", "w") as lock:
+
+    def install(node: Path) -> tuple[int, str]:
+        prepared(node, archive)
+        return run(node)
+
+    stamp = json.dumps({"archive": archive_stamp(root), "root": str(root), "code": _code_hash()})
+    return _layer(f"{HOSTPREP_RELEASE}-hostprep-driver-{DRIVER}", stamp, [root], install)
+
+
+def changed_layer(root: Path) -> tuple[Path, dict[str, Any]]:
+    """The changes the driver step made changing the installed node (``installed_layer``) to the Tesla 535
+    branch, a layer over that one's, and its run's record; made once per install and code, kept in the cache."""
+    installed, _ = installed_layer(root)
+
+    def change(node: Path) -> tuple[int, str]:
+        cached(node, fetched(node, tesla_wanted(root)))
+        return run(node, data={"driver_version": TESLA})
+
+    stamp = json.dumps({"below": (installed.parent / "stamp").read_text(), "packages": tesla_wanted(root)})
+    return _layer(f"{HOSTPREP_RELEASE}-hostprep-driver-{TESLA}", stamp, [installed, root], change)
+
+
+Build = Callable[[Path], tuple[int, str]]  # writes a layer on a node: the run's exit status and log
+
+
+def _layer(name: str, stamp: str, lowers: list[Path], build: Build) -> tuple[Path, dict[str, Any]]:
+    """The overlay layer ``build`` writes on a writable copy of ``lowers`` (topmost first) and its record, kept in
+    the cache under ``name`` while its stamp is ``stamp`` (built under a lock otherwise)."""
+    base = roots_dir() / name
+    with open(roots_dir() / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (base / "stamp").exists() and (base / "stamp").read_text() == stamp:
             return base / "layer", json.loads((base / "run.json").read_text())
@@ -162,9 +217,8 @@ def installed_layer(root: Path) -> tuple[Path, dict[str, Any]]:
         building = base.with_name(base.name + ".tmp")
         _remove_tree(building)
         building.mkdir(parents=True)
-        with writable_copy(root, building) as node:
-            prepared(node, archive)
-            status, log = run(node)
+        with writable_copy(lowers[0], building, below=lowers[1:]) as node:
+            status, log = build(node)
         (building / "upper").rename(building / "layer")
         _remove_tree(building / "work")
         (building / "run.json").write_text(json.dumps({"status": status, "log": log}))

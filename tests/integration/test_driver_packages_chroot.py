@@ -1,6 +1,7 @@
 """The driver step with Debian's real NVIDIA packages (550.163.01, trixie non-free) in a root with a real
 Debian kernel and its headers: the dry run, the install with its DKMS build, the whole set held, a second
-run, and a module Secure Boot would refuse.
+run, a module Secure Boot would refuse, and a change to the Tesla 535 branch: built and the old driver
+removed, or, its build failing, undone.
 
 In a chroot the running kernel (``uname -r``) is this machine's, whose headers no archive offers: the node
 is one mid-upgrade whose running kernel's headers have left the archive, and the module is built for the
@@ -19,16 +20,18 @@ from typing import Any
 
 import pytest
 
-from pyinfra_gpunode.operations import _packages
 from tests.fleet.roots import hostprep_root, writable_copy
 from tests.integration.driver_packages import (
     DRIVER,
-    PACKAGE_VERSION,
+    TESLA,
+    cached,
+    changed_layer,
     fetched,
     installed_layer,
     kernel_of,
     prepared,
     run,
+    tesla_wanted,
     wanted,
 )
 from tests.integration.gpu_state import write
@@ -140,23 +143,66 @@ def test_secure_boot_refuses_the_unsigned_module_dkms_built(after_install: Path)
     assert f"the nvidia {DRIVER} module DKMS built for kernel" in log and "is not signed, and Secure Boot is on" in log
 
 
-def test_a_failed_build_is_named_by_its_log(fresh: Path) -> None:
-    """The driver step's install command, where apt fails after a DKMS build failed (an ``apt-get`` standing
-    for one: the real build takes minutes): the last lines of the build's log follow apt's output."""
-    fake_apt = (
-        "#!/bin/sh\n"
-        "mkdir -p /var/lib/dkms/nvidia-current/550.163.01/build\n"
-        "printf 'line %s\\n' $(seq 1 30) > /var/lib/dkms/nvidia-current/550.163.01/build/make.log\n"
-        "echo 'Error! Bad return status for module build on kernel' >&2\n"
-        "exit 100\n"
-    )
-    write(fresh, "/usr/local/sbin/apt-get", fake_apt)
-    (fresh / "usr/local/sbin/apt-get").chmod(0o755)
-    command = str(_packages.install_built({"nvidia-kernel-dkms": PACKAGE_VERSION}))
-    done = subprocess.run(
-        ["chroot", str(fresh), "sh", "-c", command], capture_output=True, text=True,
-        env={"PATH": "/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
-    )  # fmt: skip
-    assert done.returncode == 100
-    assert "DKMS build log /var/lib/dkms/nvidia-current/550.163.01/build/make.log, its last lines:" in done.stderr
-    assert "line 30" in done.stderr and "line 11" in done.stderr and "line 10\n" not in done.stderr
+def driver_packages(node: Path) -> dict[str, str]:
+    """Installed driver packages (names with ``nvidia`` or ``libcuda``), name -> version."""
+    listed = sh(node, "dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n' '*nvidia*' 'libcuda*'")
+    return {line.split()[1]: line.split()[2] for line in listed.splitlines() if line[1:2] == "i"}
+
+
+def test_a_branch_change_whose_build_fails_puts_the_previous_driver_back(after_install: Path, root: Path) -> None:
+    """550 to the Tesla 535 branch, whose DKMS build fails (DKMS's own per-module override runs ``false`` as its
+    build): the node fails naming the build log, and is left as it was: the 550 packages at their versions and
+    held, no 535 package, nothing half-installed, the 550 module in place."""
+    node = after_install
+    cached(node, fetched(node, tesla_wanted(root)))
+    write(node, "/etc/dkms/nvidia-tesla-535.conf", 'MAKE[0]="false"\n')
+    before, held = driver_packages(node), sh(node, "apt-mark showhold")
+    status, log = run(node, data={"driver_version": TESLA})
+    assert status != 0, log
+    assert f"DKMS build log /var/lib/dkms/nvidia-tesla-535/{TESLA}/build/make.log, its last lines:" in log, log
+    assert f"the install of driver {TESLA} failed: driver {DRIVER} is back, its packages held again" in log
+    assert sh(node, "dpkg --audit") == ""
+    after = driver_packages(node)
+    assert not [name for name in after if "tesla" in name], after
+    assert {name: version for name, version in after.items() if version.startswith(f"{DRIVER}-")} == {
+        name: version for name, version in before.items() if version.startswith(f"{DRIVER}-")
+    }
+    assert set(held.split()) <= set(sh(node, "apt-mark showhold").split())
+    kernel = kernel_of(root)
+    assert sh(node, f"modinfo -k {kernel} -F version nvidia-current").strip() == DRIVER
+
+
+@pytest.fixture(scope="module")
+def changed(root: Path) -> tuple[Path, dict[str, Any]]:
+    return changed_layer(root)
+
+
+@pytest.fixture
+def after_change(root: Path, installed: tuple[Path, dict[str, Any]], changed: tuple[Path, dict[str, Any]],
+                 tmp_path: Path) -> Iterator[Path]:  # fmt: skip
+    """A writable copy of the node as the change to the Tesla 535 branch left it."""
+    with writable_copy(changed[0], tmp_path, below=[installed[0], root]) as node:
+        yield node
+
+
+def test_a_branch_change_installs_the_new_driver_then_removes_the_old(
+    changed: tuple[Path, dict[str, Any]], after_change: Path, root: Path
+) -> None:
+    """550 to the Tesla 535 branch: 535 installed, built and held as one; then 550's packages apt no longer
+    needs removed, its module with them: no second driver tree for Debian's alternatives to keep loading."""
+    status, log = changed[1]["status"], changed[1]["log"]
+    assert status == 0, log
+    node, kernel = after_change, kernel_of(root)
+    assert sh(node, "dpkg --audit") == ""
+    after = driver_packages(node)
+    assert {"nvidia-tesla-535-driver", "nvidia-tesla-535-kernel-dkms", "libnvidia-tesla-535-cuda1"} <= set(after)
+    left = {name for name, version in after.items() if version.startswith(f"{DRIVER}-")}
+    assert not left & {"nvidia-driver", "nvidia-kernel-dkms", "libcuda1", "libnvidia-ml1", "nvidia-smi"}, left
+    assert not (node / f"lib/modules/{kernel}/updates/dkms/nvidia-current.ko.xz").exists()
+    of_tesla = {name for name, version in after.items() if version.startswith(f"{TESLA}-")}
+    assert of_tesla <= set(sh(node, "apt-mark showhold").split())
+    # `modprobe nvidia` loads what Debian's alternatives name: now the 535 module
+    assert "install nvidia modprobe -i nvidia-tesla-535 " in sh(node, "cat /etc/modprobe.d/nvidia.conf")
+    assert sh(node, f"modinfo -k {kernel} -F version nvidia-tesla-535").strip() == TESLA
+    status, log = run(node, data={"driver_version": TESLA})
+    assert status == 0 and "] No changes" in log, log
