@@ -36,6 +36,13 @@ def req(**kwargs: object) -> DriverRequest:
     return check_request(DriverRequest(**kwargs))  # type: ignore[arg-type]
 
 
+def debian_550(*kernels: str) -> dict[str, list[str]]:
+    """Debian 13's 550 packages as its index offers them, with the headers of ``kernels``."""
+    names = ("nvidia-driver", "firmware-nvidia-gsp", "libcuda1", "nvidia-smi", "nvidia-kernel-dkms")
+    headers = {f"linux-headers-{kernel}": [kernel.split("+", 1)[0] + "-1"] for kernel in kernels}
+    return {**{name: ["550.163.01-2"] for name in names}, **headers}
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -163,14 +170,7 @@ def test_ubuntu_secure_boot_without_signed_modules() -> None:
 
 def test_secure_boot_unknown_refuses_dkms_unless_the_key_is_declared_enrolled() -> None:
     unknown = HostInfo("debian", "13", "6.12.117+deb13-amd64", "amd64", secure_boot=None)
-    available = {
-        "nvidia-driver": ["550.163.01-2"],
-        "firmware-nvidia-gsp": ["550.163.01-2"],
-        "libcuda1": ["550.163.01-2"],
-        "nvidia-smi": ["550.163.01-2"],
-        "nvidia-kernel-dkms": ["550.163.01-2"],
-        f"linux-headers-{unknown.kernel}": ["6.12.117-1"],
-    }
+    available = debian_550(unknown.kernel)
     error = plan_driver(unknown, req(branch="550", allow_dkms=True), {}, available).error
     assert "Secure Boot state is unknown" in error and "mokutil --sb-state" in error and "mok_enrolled" in error
     assert "allow_dkms" in plan_driver(unknown, req(branch="550", mok_enrolled=True), {}, available).error
@@ -257,15 +257,7 @@ def test_dkms_builds_for_the_kernel_the_node_boots_next_too() -> None:
     headers, or the node boots into a kernel with no nvidia module."""
     upgrading = HostInfo("debian", "13", "6.12.117+deb13-amd64", "amd64", secure_boot=False,
                          boot_kernel="6.12.120+deb13-amd64")  # fmt: skip
-    available = {
-        "nvidia-driver": ["550.163.01-2"],
-        "firmware-nvidia-gsp": ["550.163.01-2"],
-        "libcuda1": ["550.163.01-2"],
-        "nvidia-smi": ["550.163.01-2"],
-        "nvidia-kernel-dkms": ["550.163.01-2"],
-        "linux-headers-6.12.117+deb13-amd64": ["6.12.117-1"],
-        "linux-headers-6.12.120+deb13-amd64": ["6.12.120-1"],
-    }
+    available = debian_550("6.12.117+deb13-amd64", "6.12.120+deb13-amd64")
     plan = plan_driver(upgrading, req(branch="550", allow_dkms=True), {}, available)
     assert plan.packages["linux-headers-6.12.117+deb13-amd64"] == ""
     assert plan.packages["linux-headers-6.12.120+deb13-amd64"] == ""
@@ -285,14 +277,7 @@ def test_the_running_kernels_headers_gone_from_the_archive_build_for_the_next_bo
     none. Without the next kernel's headers there is no plan."""
     upgrading = HostInfo("debian", "13", "6.12.48+deb13-amd64", "amd64", secure_boot=False,
                          boot_kernel="6.12.117+deb13-amd64")  # fmt: skip
-    available = {
-        "nvidia-driver": ["550.163.01-2"],
-        "firmware-nvidia-gsp": ["550.163.01-2"],
-        "libcuda1": ["550.163.01-2"],
-        "nvidia-smi": ["550.163.01-2"],
-        "nvidia-kernel-dkms": ["550.163.01-2"],
-        "linux-headers-6.12.117+deb13-amd64": ["6.12.117-1"],
-    }
+    available = debian_550("6.12.117+deb13-amd64")
     plan = plan_driver(upgrading, req(branch="550", allow_dkms=True), {}, available)
     assert plan.error == "" and "linux-headers-6.12.48+deb13-amd64" not in plan.packages
     assert plan.kernels == ("6.12.117+deb13-amd64",) and plan.unbuilt == ("6.12.48+deb13-amd64",)
