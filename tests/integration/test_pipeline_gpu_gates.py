@@ -71,6 +71,9 @@ HOST_STATE = [
     "/lib/modules/6.12.117+deb13-amd64/updates/dkms/nvidia-current.ko.xz",
     "@@kmod_version",
     "550.163.01",
+    "@@kmod_vermagic",
+    "6.12.117+deb13-amd64 SMP preempt mod_unload modversions ",
+    "@@kmod_signer",
 ]
 LOADED = fixture_output("driver.NvidiaDriver", "debian_renamed_modules")  # 550.163.01 loaded
 NOT_LOADED = fixture_output("driver.NvidiaDriver", "userspace_only_not_loaded")  # installed, reboot pending
