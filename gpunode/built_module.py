@@ -61,13 +61,15 @@ def module_problem(module: BuiltModule, version: str, secure_boot: bool | None) 
         release = shown(built_for, 80) if built_for else "unknown"
         vermagic = shown(module.vermagic, 120) if module.vermagic else "none"
         return (
-            f"the nvidia {version} module for kernel {kernel}{next_boot} was built for kernel {release} (its "
+            f"the nvidia {version} module for kernel {kernel}{next_boot and next_boot + ','} was built for kernel "
+            f"{release} (its "
             f"vermagic: {vermagic}): the kernel refuses it"
         )
     if secure_boot is not False and not module.signer:
         state = "on" if secure_boot else "unknown (taken as on)"
         return (
-            f"the nvidia {version} module DKMS built for kernel {kernel}{next_boot} is not signed, and Secure Boot "
+            f"the nvidia {version} module DKMS built for kernel {kernel}{next_boot and next_boot + ','} is not signed, "
+            "and Secure Boot "
             f"is {state}: the kernel refuses it. DKMS signs with /var/lib/dkms/mok.key and {DKMS_KEY}, and makes "
             "them only where openssl is installed; enroll the certificate with `mokutil --import "
             f"{DKMS_KEY}`, then reinstall the module package"

@@ -3,14 +3,16 @@
 The nvidia module after the next reboot: a node mid-upgrade runs one kernel and boots another next (its
 ``/vmlinuz`` link names it). DKMS builds for the kernels whose headers are installed; a module built only
 for the running kernel works until the reboot, when no nvidia module loads and the node serves no GPU.
-And the userspace libraries of two driver versions (``driver_versions.mixed_userspace``). Both are said in
-the readiness report's warnings and in the deploy's plan.
+A module the kernel will refuse at that boot: built for another kernel, or unsigned under Secure Boot
+(``built_module``). And the userspace libraries of two driver versions (``driver_versions.mixed_userspace``).
+All are said in the readiness report's warnings and in the deploy's plan.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pyinfra_gpunode.built_module import built_modules, module_problem
 from pyinfra_gpunode.driver_versions import mixed_userspace, same_driver
 from pyinfra_gpunode.log import without_controls
 
@@ -43,14 +45,27 @@ def module_warning(
     return None
 
 
+def refused_at_boot(host: Any) -> str | None:
+    """Why the kernel will refuse the nvidia module the node loads after its next reboot (the module built for
+    the kernel it boots next, or the running one), or None: built for another kernel (its vermagic), or
+    unsigned where Secure Boot is on (``built_module.module_problem``). Nothing where the module or its
+    vermagic is unknown, or Secure Boot only unknown: a preinstalled driver is not second-guessed."""
+    modules = built_modules(host)
+    module = modules.get(host.get("boot_kernel") or "") or modules.get(host.get("kernel") or "")
+    if module is None or not module.version or not module.vermagic:
+        return None
+    problem = module_problem(module, module.version, secure_boot=host.get("secure_boot") is True)
+    return f"after a reboot: {problem}" if problem else None
+
+
 def skew_warnings(host: Any) -> list[tuple[str, str]]:
     """``(what, warning)`` for each way the driver of ``host`` (``NvidiaHostState``'s value) is out of step:
-    ``next boot`` (``module_warning``) and ``userspace`` (``mixed_userspace``)."""
+    ``next boot`` (``module_warning``, ``refused_at_boot``) and ``userspace`` (``mixed_userspace``)."""
     found = [
         ("next boot", module_warning(
             host["kernel"], host.get("boot_kernel"), host["module_built"], host.get("boot_module_built", False),
             host.get("boot_module_version"), host["driver"]["userspace_version"],
-        )),
+        ) or refused_at_boot(host)),
         ("userspace", mixed_userspace(host["packages"])),
     ]  # fmt: skip
     return [(what, without_controls(warning)) for what, warning in found if warning]  # names read from the node

@@ -66,3 +66,27 @@ def test_package_names_read_from_the_node_are_shown_printable() -> None:
     }  # fmt: skip
     ((what, warning),) = skew_warnings(host)
     assert what == "userspace" and "\x1b" not in warning and "libcuda1" in warning
+
+
+def test_a_module_the_kernel_will_refuse_at_the_next_boot_is_named() -> None:
+    from pyinfra_gpunode.driver_skew import refused_at_boot
+
+    host = {
+        "kernel": RUNNING, "boot_kernel": NEXT, "secure_boot": True,
+        "built_module_version": "550.163.01", "built_module_vermagic": f"{RUNNING} SMP", "built_module_signer": None,
+        "boot_module_version": "550.163.01", "boot_module_vermagic": f"{NEXT} SMP", "boot_module_signer": None,
+    }  # fmt: skip
+    warning = refused_at_boot(host)
+    assert warning is not None and warning.startswith(
+        f"after a reboot: the nvidia 550.163.01 module DKMS built for "
+        f"kernel {NEXT}, the kernel this node boots next, is not signed"
+    )
+    assert refused_at_boot({**host, "boot_module_signer": "DKMS module signing key (2B:61)"}) is None
+    assert refused_at_boot({**host, "secure_boot": None}) is None  # only unknown: not second-guessed
+    other = refused_at_boot({**host, "secure_boot": False, "boot_module_vermagic": f"{RUNNING} SMP"})
+    assert other is not None and f"was built for kernel '{RUNNING}'" in other
+    # no module, or no vermagic read: nothing said here
+    assert (
+        refused_at_boot({**host, "boot_module_version": None, "boot_kernel": None, "built_module_vermagic": None})
+        is None
+    )
