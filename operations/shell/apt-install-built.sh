@@ -69,9 +69,11 @@ done
 # Back to what was there: the previous driver's packages at their versions, the new version's removed.
 names=$(printf '%s\n' "$previous" | sed 's/=.*//')
 brought=$(of_version "$new" | grep -vFx "$names")
-# shellcheck disable=SC2046,SC2086
+removals=
+for name in $brought; do removals="$removals $name-"; done
+# shellcheck disable=SC2086
 if apt-get install -y --no-install-recommends --allow-downgrades --allow-change-held-packages --no-download \
-    $previous $(printf '%s-\n' $brought) >&2; then
+    $previous $removals >&2; then
     retire "$new" >&2
     if [ -n "$previous" ]; then
         # shellcheck disable=SC2086
