@@ -3,14 +3,15 @@ the driver step.
 
 The packages (``nvidia-driver`` 550.163.01 from trixie's non-free component, with ``nvidia-kernel-dkms``,
 ``firmware-nvidia-gsp``, ``libcuda1``, ``nvidia-smi`` and the root's kernel headers, and everything they pull
-in) are fetched once per
-machine with a private apt configuration (this machine's apt setup is left alone) into the cache, with the
-package lists they were resolved from. A node is prepared with those lists and files, so that its own apt
-installs without reaching any archive: as after ``driver_downloaded``.
+in; then the Tesla 535 branch's) are fetched once per machine with a private apt configuration (this
+machine's apt setup is left alone) into the cache, with the package lists they were resolved from. A node is
+prepared with those lists and files, so that its own apt installs without reaching any archive: as after
+``driver_downloaded``.
 
-The install builds the module with DKMS (about two minutes on two cores), so the root as the driver step
-left it is kept in the cache: the overlay layer of its changes and the run's log, under a stamp naming the
-packages, the root and every source file of the project. Any change to the code installs again.
+The install builds the module with DKMS (about two minutes on two cores), and so does the change to the
+Tesla 535 branch over it: the root as each step left it is kept in the cache, the overlay layer of its
+changes and the run's log, under a stamp naming the packages, the layers below and every source file of the
+project. Any change to the code installs again.
 """
 
 from __future__ import annotations
@@ -50,8 +51,6 @@ driver.driver(
     mok_enrolled=host.data.get("mok_enrolled", False),
 )
 """
-
-
 TESLA = "535.274.02"  # Debian 13's nvidia-tesla-535 branch, the branch change's target
 TESLA_VERSION = f"{TESLA}-1~deb13u1"
 
