@@ -64,7 +64,7 @@ if [ "$status" -eq 0 ]; then
 fi
 find /var/lib/dkms -name make.log -newermt "@$start" 2>/dev/null | head -n 4 | while read -r log; do
     echo "DKMS build log $(printf '%s' "$log" | tr -c 'A-Za-z0-9._+~/-' '?' | head -c 300), its last lines:" >&2
-    tail -n 20 "$log" | cut -b 1-300 >&2
+    tail -n 20 "$log" | cut -b 1-300 | tr -d '\000-\010\013-\037\177' >&2
 done
 # Back to what was there: the previous driver's packages at their versions, the new version's removed.
 names=$(printf '%s\n' "$previous" | sed 's/=.*//')
