@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .archive import debian_mirror
-from .paths import debs_dir, roots_dir
+from .paths import cache_dir, debs_dir, roots_dir
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ def hostprep_root() -> Path:
         if not (root / "usr/bin/apt-mark").exists():
             tmp = roots / f"{HOSTPREP_RELEASE}-hostprep.tmp"
             _remove_tree(tmp)
-            debs = debs_dir("").parent
+            debs = cache_dir() / "debs"
             debs.mkdir(parents=True, exist_ok=True)
             subprocess.run(
                 ["debootstrap", "--variant=minbase", "--components=main", f"--cache-dir={debs}",
