@@ -94,10 +94,14 @@ class AptDownloads(FactBase[AptDownloadsInfo]):
 
     @override
     def command(self, packages: list[str]) -> str:
+        return self._command(packages)
+
+    @staticmethod
+    def _command(packages: list[str], options: str = "") -> str:
         pins = " ".join(shlex.quote(pin) for pin in packages)
         return (
             f"timeout {APT_SECONDS} apt-get {APT_READ_ONLY} --print-uris -qq -y --no-install-recommends "
-            f'--allow-change-held-packages install {pins} 2>&1; echo "rc=$?"'
+            f'--allow-change-held-packages install {options}{pins} 2>&1; echo "rc=$?"'
         )
 
     @staticmethod
@@ -128,3 +132,19 @@ class AptDownloads(FactBase[AptDownloadsInfo]):
         elif error is None and status not in (None, "0"):
             error = f"apt-get exited {status[:10]}"
         return {"files": files, "error": error}
+
+
+class AptReinstallDownloads(AptDownloads):
+    """
+    Returns, as ``AptDownloads`` does, the ``.deb`` files apt would fetch to install ``packages`` again
+    at the versions installed (``--reinstall``): what putting them back after a change would need. Files
+    already in ``/var/cache/apt/archives`` are not listed.
+
+    .. code:: python
+
+        {"files": [{"name": "nvidia-driver_550.144.03-1_amd64.deb", "size": 493100}], "error": None}
+    """
+
+    @override
+    def command(self, packages: list[str]) -> str:
+        return self._command(packages, "--reinstall ")

@@ -429,6 +429,26 @@ def previous_driver(packages: Mapping[str, Mapping[str, Any]], version: str) -> 
     return found.pop() if len(found) == 1 else ""
 
 
+# What apt takes as a package name and a version (Debian policy 5.6.1, 5.6.12): nothing else is passed on.
+_PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]{0,99}")
+_PACKAGE_VERSION = re.compile(r"[0-9][A-Za-z0-9.+~:-]{0,99}")
+
+
+def previous_set(packages: Mapping[str, Mapping[str, Any]], version: str) -> dict[str, str]:
+    """The installed packages of driver ``version`` (``packages``: ``NvidiaHostState``'s), name -> exact
+    version: what puts that driver back where a change away from it fails after the install. A name or
+    version apt would not take is left out (the node's text, never passed on)."""
+    if not version:
+        return {}
+    return {
+        name: str(package["version"])
+        for name, package in sorted(packages.items())
+        if upstream_version(str(package["version"])) == version
+        and _PACKAGE_NAME.fullmatch(name)
+        and _PACKAGE_VERSION.fullmatch(str(package["version"]))
+    }
+
+
 def host_info(node: Mapping[str, Any]) -> HostInfo:
     """The host as the plan needs it, from ``NvidiaHostState``'s value."""
     return HostInfo(
@@ -454,6 +474,7 @@ class DriverDecision:
     to_hold: tuple[str, ...] = ()
     held_set: tuple[str, ...] = ()  # what is held as one once installed (:func:`driver_set`), as far as installed now
     replaces: str = ""  # the driver version the install replaces (:func:`previous_driver`), "" where none
+    previous: Mapping[str, str] = field(default_factory=dict)  # its packages (:func:`previous_set`)
     index: tuple[str, ...] = ()  # read these names' versions from the package index, then decide again
 
     @property
@@ -467,6 +488,14 @@ class DriverDecision:
         if self.plan is not None:
             return not same_driver(self.loaded["kernel_module_version"], self.plan.version)
         return bool(self.loaded["mismatch"])
+
+    def versions(self, reboot: bool) -> tuple[str, str]:
+        """The driver the node runs before the step (its loaded module, ``""``: none) and the one it runs after,
+        where the step changes it (:meth:`changes` not empty); ``("", "")`` where it does not."""
+        if not self.changes(reboot):
+            return "", ""
+        target = self.plan.version if self.plan is not None else self.loaded["userspace_version"]
+        return str(self.loaded["kernel_module_version"] or ""), str(target or "")
 
     def changes(self, reboot: bool) -> list[str]:
         """The disruptive changes the step makes: ``driver: install …`` and (with ``reboot``) ``driver: reboot
@@ -482,7 +511,10 @@ class DriverDecision:
         replacing = f", replacing driver {self.replaces}" if self.replaces else ""
         changes = [f"driver: install {pins}{replacing}"] if self.to_install else []
         if reboot and self.needs_reboot:
-            changes.append(f"driver: reboot ({loaded or 'no module'} loaded, {self.plan.version} installed)")
+            back = (
+                f"; driver {self.replaces} put back where it does not load" if self.to_install and self.previous else ""
+            )
+            changes.append(f"driver: reboot ({loaded or 'no module'} loaded, {self.plan.version} installed){back}")
         return changes
 
 
@@ -532,6 +564,7 @@ def decide_driver(
         for name, version in plan.packages.items()
         if name not in installed or (version and installed[name] != version)
     }
+    replaces = previous_driver(node["packages"], plan.version) if to_install else ""
     return DriverDecision(
         chosen,
         loaded,
@@ -539,5 +572,6 @@ def decide_driver(
         to_install=to_install,
         to_hold=tuple(name for name in whole if name not in held),
         held_set=tuple(whole),
-        replaces=previous_driver(node["packages"], plan.version) if to_install else "",
+        replaces=replaces,
+        previous=previous_set(node["packages"], replaces),
     )

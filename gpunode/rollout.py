@@ -292,6 +292,7 @@ class NodeSettings(TypedDict):
     hook_timeout: float  # seconds each hook may run
     node_name: str | None  # the node's Kubernetes name from host data (None: the name the node reports)
     driver: list[str]  # the driver's disruptive changes planned for the turn ([]: none)
+    driver_versions: tuple[str, str]  # the driver version the node runs before the turn and after ("": none)
     steps: Callable[[], object] | None  # adds the driver and the GPU steps after it, at the turn
 
 
@@ -307,8 +308,13 @@ def node_settings(nodes: Mapping[str, Mapping[str, Any]], name: str) -> NodeSett
         "hook_timeout": float(given.get("hook_timeout", HOOK_TIMEOUT)),
         "node_name": given.get("node_name"),
         "driver": list(given.get("driver", [])),
+        "driver_versions": _versions(given.get("driver_versions")),
         "steps": given.get("steps"),
     }
+
+
+def _versions(given: Any) -> tuple[str, str]:
+    return (str(given[0]), str(given[1])) if given else ("", "")
 
 
 def turn_changes(driver: Sequence[str], writes: Collection[str], restart_reason: str | None) -> list[str]:

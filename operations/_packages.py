@@ -11,7 +11,7 @@ from pyinfra import host, state
 from pyinfra.api import QuoteString, State, StringCommand
 
 from pyinfra_gpunode import shell
-from pyinfra_gpunode.facts.package_index import AptDownloads, AptDownloadsInfo
+from pyinfra_gpunode.facts.package_index import AptDownloads, AptDownloadsInfo, AptReinstallDownloads
 from pyinfra_gpunode.log import logger, shown
 from pyinfra_gpunode.operations._atomic import fail as _fail
 from pyinfra_gpunode.operations._internals import current_state, in_a_run
@@ -59,12 +59,21 @@ def install_built(packages: dict[str, str], version: str, replaces: str = "", do
     return StringCommand(shell.command(_INSTALL_BUILT_SCRIPT, "gpunode-install-built", replaces, version, *arguments))
 
 
+def restore_built(previous: Mapping[str, str], old: str, new: str) -> StringCommand:
+    """Put driver ``old``'s packages (``previous``: name -> exact version) back in place of driver ``new``'s,
+    which installed but did not load: ``new``'s packages removed, ``previous`` installed from apt's cache
+    (downgraded where ``new`` replaced them) and held."""
+    pins = pins_of(previous)
+    return StringCommand(shell.command(_INSTALL_BUILT_SCRIPT, "gpunode-install-built", "--restore", old, new, *pins))
+
+
 # Downloads into apt's cache, installing nothing; ends with apt's first error when it fails.
 _DOWNLOAD_SCRIPT = shell.script(Path(__file__).parent / "shell" / "apt-download.sh")
 
 
-def download(packages: Mapping[str, str]) -> StringCommand:
-    return StringCommand(shell.command(_DOWNLOAD_SCRIPT, "gpunode-download", *pins_of(packages)))
+def download(packages: Mapping[str, str], reinstall: bool = False) -> StringCommand:
+    again = ["--reinstall"] if reinstall else []
+    return StringCommand(shell.command(_DOWNLOAD_SCRIPT, "gpunode-download", *again, *pins_of(packages)))
 
 
 def downloaded_packages(run: State, name: str) -> dict[str, str] | None:
@@ -108,6 +117,29 @@ def downloaded(
                     host.print_prefix, ", ".join(pins), len(needed["files"]), _size(total))  # fmt: skip
     yield download(packages)
     record(packages)
+
+
+def kept(what: str, packages: dict[str, str]) -> StringCommand | None:
+    """The command that fetches the installed ``packages`` (``what`` they are) again into apt's cache where their
+    files are not there, so that a change that fails after its install can put them back without a download;
+    None where nothing is to fetch. Where apt cannot fetch them (the archive moved on), None too: the plan warns
+    that they cannot be put back, and the node goes on. Logs the plan (call it before the first command)."""
+    pins = pins_of(packages)
+    needed = host.get_fact(AptReinstallDownloads, packages=pins)
+    if needed["error"]:
+        logger.warning("%s%s cannot be fetched again (apt: %s): where the change from it fails, it cannot be put "
+                       "back", host.print_prefix, what, shown(needed["error"], 200))  # fmt: skip
+        return None
+    if not needed["files"]:
+        if not state.is_executing:
+            logger.info("%splan: %s in apt's cache, to put back where the change fails: %s",
+                        host.print_prefix, what, ", ".join(pins))  # fmt: skip
+        return None
+    if not state.is_executing:
+        total = sum(found["size"] for found in needed["files"])
+        logger.info("%splan: download before the turns, to put back where the change fails: %s %s (%d files, %s)",
+                    host.print_prefix, what, ", ".join(pins), len(needed["files"]), _size(total))  # fmt: skip
+    return download(packages, reinstall=True)
 
 
 def hold(names: list[str]) -> StringCommand:

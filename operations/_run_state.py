@@ -63,11 +63,12 @@ class RunState:
     downloaded: dict[str, dict[str, str]] = field(default_factory=dict)
 
     # pipelines/gpu_node.py: the rollout's policy, worked out once from the whole inventory (None until
-    # then); the nodes whose driver changes in their turn (the planned changes and the steps that make
-    # them); every node's own rollout settings, added as each host's deploy is added (hosts whose data was
-    # refused are not in it); the hosts whose deploy added its steps, and whether the rollout's plan was printed.
+    # then); the nodes whose driver changes in their turn (the planned changes, the driver versions before
+    # and after, and the steps that make them); every node's own rollout settings, added as each host's
+    # deploy is added (hosts whose data was refused are not in it); the hosts whose deploy added its steps,
+    # and whether the rollout's plan was printed.
     rollout_policy: RolloutPolicy | None = None
-    driver_turns: dict[str, tuple[list[str], Callable[[], None]]] = field(default_factory=dict)
+    driver_turns: dict[str, tuple[list[str], tuple[str, str], Callable[[], None]]] = field(default_factory=dict)
     nodes: dict[str, NodeSettings] = field(default_factory=dict)
     arrived: set[str] = field(default_factory=set)
     plan_printed: bool = False

@@ -36,9 +36,13 @@ from pyinfra_gpunode.settings import DRIVER_FLAVOR, DRIVER_SOURCE, REBOOT_TIMEOU
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 MODULE_WAIT = 60  # seconds a rebooted node's udev may take to load the nvidia module
-# Waits (at most MODULE_WAIT s) for the module; exits 0 either way: the check after it names what is loaded.
+# Waits (at most MODULE_WAIT s) for the module, no longer once the boot is over and udev has nothing queued (no
+# module loads after that); exits 0 either way: the check after it names what is loaded.
 MODULE_LOADED_WAIT = (
-    f"i=0; while [ ! -e /sys/module/nvidia/version ] && [ $i -lt {MODULE_WAIT} ]; do sleep 1; i=$((i + 1)); done"
+    f"i=0; while [ ! -e /sys/module/nvidia/version ] && [ $i -lt {MODULE_WAIT} ]; do "
+    "case $(systemctl is-system-running 2>/dev/null) in running | degraded) "
+    "udevadm settle --timeout=10 >/dev/null 2>&1; [ -e /sys/module/nvidia/version ] || break ;; esac; "
+    "sleep 1; i=$((i + 1)); done"
 )
 
 
@@ -75,7 +79,10 @@ def driver(
     + reboot: reboot when the installed driver differs from the loaded module (a preinstalled
       driver: when its userspace library differs from the loaded module), wait until the node
       answers with a new boot id, take the node lock again (when this run held it), wait up to
-      60 s for the nvidia module to load, and check that the driver is loaded and matches
+      60 s for the nvidia module to load, and check that the driver is loaded and matches; where
+      the driver this step installed in place of another is not, the other's packages are put back
+      from apt's cache (``driver_downloaded`` keeps them there), the node rebooted into it and
+      checked, and the host fails naming both
     + replace_preinstalled: with packages, install them even though the loaded driver's
       ``libnvidia-ml`` belongs to no package (a runfile or image driver); otherwise such a
       node fails naming the library
@@ -144,6 +151,10 @@ def driver(
                     "where the install fails, the node is put back as it was", host.print_prefix,
                     " ".join(_packages.pins_of(to_install)), replacing, ", ".join(decided.held_set),
                     plan.version)  # fmt: skip
+    if to_install and decided.previous and reboot and not state.is_executing:
+        logger.info("%splan: reboot into driver %s; where it is not loaded after the reboot, driver %s's packages "
+                    "are put back from apt's cache and the node rebooted into it", host.print_prefix,
+                    plan.version, decided.replaces)  # fmt: skip
     if to_install:
         yield _packages.install_built(to_install, plan.version, decided.replaces, download=downloaded is None)
     loaded = facts["driver"]["kernel_module_version"]
@@ -161,7 +172,13 @@ def driver(
 
     if decided.needs_reboot and reboot:
         yield from _rebooted(reboot_timeout)
-        yield from _check_loaded(plan.version)
+        problem = _load_problem(plan.version)
+        if problem and to_install and decided.previous:
+            yield from _put_back(decided, problem, reboot_timeout)
+        elif problem:
+            yield _fail(problem)
+        elif state.is_executing:
+            logger.info("%sdriver %s loaded after the reboot", host.print_prefix, plan.version)
         return
     if not to_install and not decided.to_hold:
         if decided.needs_reboot:
@@ -231,6 +248,9 @@ def driver_downloaded(
     + mok_enrolled: the DKMS signing key is enrolled, as for ``driver``
     + replace_preinstalled: packages over a driver that belongs to no package, as for ``driver``
 
+    Where the packages replace another driver's, its installed packages are fetched again too where
+    their files are not in apt's cache (``--reinstall``), so that a change that does not load after its
+    reboot can put that driver back; where apt cannot fetch them, the plan warns and the node goes on.
     Nothing is downloaded where the driver is installed at the planned version, the node keeps its
     own driver, or apt finds every file in ``/var/cache/apt/archives`` already. Where ``driver``
     would fail the node (no package at the version, DKMS refused), or apt cannot install or fetch
@@ -263,7 +283,13 @@ def driver_downloaded(
         _packages.record({})
         host.noop(f"NVIDIA driver {decided.plan.version} is installed: nothing to download")
         return
+    # planned first: a dry run reads an operation up to its first command only
+    again = (
+        _packages.kept(f"driver {decided.replaces}'s packages", dict(decided.previous)) if decided.previous else None
+    )
     yield from _packages.downloaded(f"NVIDIA driver {decided.plan.version}", dict(decided.to_install))
+    if again:
+        yield again
 
 
 def driver_changes(
@@ -276,18 +302,20 @@ def driver_changes(
     reboot: bool = False,
     replace_preinstalled: bool = False,
     reboot_timeout: int = REBOOT_TIMEOUT,
-) -> list[str]:
+) -> tuple[list[str], tuple[str, str]]:
     """The disruptive changes ``driver`` would make on this host with the same arguments (reads
     facts, changes nothing): ``driver: install …`` and ``driver: reboot …``; ``[]`` where it would
-    only hold packages, change nothing, or fail the host."""
+    only hold packages, change nothing, or fail the host. With them, the driver version the node
+    runs now and the one it runs after (``("", "")`` without changes): the turn's hooks get them."""
     wanted = DriverSettings(source, branch, version, flavor, allow_dkms, mok_enrolled, reboot, reboot_timeout,
                             replace_preinstalled)  # fmt: skip
     if source not in DRIVER_SOURCES or not node_fact(NvidiaHostState)["pci"]["gpus"]:
-        return []
+        return [], ("", "")
     try:
-        return decision(wanted).changes(reboot)
+        decided = decision(wanted)
     except DriverRequestError:
-        return []
+        return [], ("", "")
+    return decided.changes(reboot), decided.versions(reboot)
 
 
 def _from_driver_container(loaded: DriverInfo) -> bool:
@@ -303,7 +331,11 @@ def _preinstalled(description: str, loaded: DriverInfo, reboot: bool, timeout: i
             logger.info("%splan: %s; reboot into its userspace %s", host.print_prefix, description,
                         loaded["userspace_version"])  # fmt: skip
         yield from _rebooted(timeout)
-        yield from _check_loaded(loaded["userspace_version"])
+        problem = _load_problem(loaded["userspace_version"])
+        if problem:
+            yield _fail(problem)
+        elif state.is_executing:
+            logger.info("%sdriver %s loaded after the reboot", host.print_prefix, loaded["userspace_version"])
         return
     if loaded["mismatch"]:
         description += f"; its userspace library is {loaded['userspace_version']}: reboot pending"
@@ -352,15 +384,28 @@ def _rebooted(timeout: int) -> Generator[Any, Any, None]:
     yield StringCommand("sh", "-c", QuoteString(MODULE_LOADED_WAIT))
 
 
-def _check_loaded(version: str | None) -> Generator[Any, Any, None]:
-    """After a reboot: fail the host unless driver ``version`` is loaded and matches its userspace."""
+def _load_problem(version: str | None) -> str:
+    """After a reboot (a run that executes): why driver ``version`` is not loaded or does not match its
+    userspace, or ``""``."""
     if not state.is_executing:
-        return
+        return ""
     now = host.get_fact(NvidiaDriver)
     if not same_driver(now["kernel_module_version"], version) or now["mismatch"]:
-        yield _fail(
+        return (
             f"after the reboot the loaded NVIDIA module is {now['kernel_module_version'] or 'none'} "
             f"(userspace {now['userspace_version'] or 'none'}), not {version}"
         )
-    else:
-        logger.info("%sdriver %s loaded after the reboot", host.print_prefix, version)
+    return ""
+
+
+def _put_back(decided: DriverDecision, problem: str, timeout: int) -> Generator[Any, Any, None]:
+    """Driver ``decided.plan`` installed but did not load (``problem``): put the driver it replaced back from apt's
+    cache, reboot into it, and fail the node naming what broke and what it runs now."""
+    assert decided.plan is not None
+    new, old = decided.plan.version, decided.replaces
+    logger.warning("%s%s: putting driver %s back", host.print_prefix, problem, old)
+    yield _packages.restore_built(decided.previous, old, new)
+    yield from _rebooted(timeout)
+    back = _load_problem(old)
+    now = "it is loaded" if not back else f"its packages are back, but {back}"
+    yield _fail(f"{problem}; driver {old} put back: {now}, its packages held")

@@ -137,7 +137,7 @@ def _register(settings: Settings | None) -> None:
     if settings is None or _platform_refused(settings) or (not checked and _operator_refused(settings, gpu=False)):
         return
     nodes = run_state(current_state()).nodes  # complete before the rollout executes (added at prepare)
-    changes, steps = run_state(current_state()).driver_turns.get(host.name, ([], None))
+    changes, versions, steps = run_state(current_state()).driver_turns.get(host.name, ([], ("", ""), None))
     nodes[host.name] = {
         "runtime": _runtime(settings),
         "timeout": settings.containerd.restart_timeout,
@@ -147,6 +147,7 @@ def _register(settings: Settings | None) -> None:
         "hook_timeout": settings.hooks.timeout,
         "node_name": settings.hooks.node_name,
         "driver": changes,
+        "driver_versions": versions,
         "steps": steps,
     }
     _locked(settings)
@@ -417,11 +418,12 @@ def _prepare() -> None:
     )
     kernel.nouveau_blacklisted(name="nouveau: blacklisted")
     if kind["gpus"]["gpus"]:
-        changes = driver.driver_changes(**_driver_arguments(settings)) + _toolkit_changes(settings)
+        changes, versions = driver.driver_changes(**_driver_arguments(settings))
+        changes += _toolkit_changes(settings)
         if changes:  # in the node's turn, whatever gpunode_containerd_restart says; downloaded before
             _downloads(settings)
             turns = run_state(current_state()).driver_turns
-            turns[host.name] = (changes, partial(_gpu_steps, settings, in_turn=True))
+            turns[host.name] = (changes, versions, partial(_gpu_steps, settings, in_turn=True))
         else:
             _driver_skew_warned()
             _gpu_steps(settings)

@@ -6,9 +6,15 @@
 # stderr, and the node is put back as it was: the new version's packages removed and the previous driver's
 # packages at their versions (from apt's cache: a package the install replaced is downgraded to the file kept
 # there), held again; the last line says whether that worked.
+# With --restore, the same putting back after an install that succeeded (its module did not load after the
+# reboot): driver NEW's packages removed, OLD's at the versions PIN... (name=version) installed from apt's cache
+# and held.
 # Usage: sh -c "$script" gpunode-install-built OLD NEW APT-GET-ARGUMENT...   (OLD "": no driver to replace)
-# Exit status: apt-get's.
+#        sh -c "$script" gpunode-install-built --restore OLD NEW PIN...
+# Exit status: apt-get's (--restore: 0 where the previous driver is back).
 set -u
+restore=
+[ "$1" != --restore ] || { restore=1 && shift; }
 old=$1 new=$2
 shift 2
 export DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1
@@ -46,6 +52,34 @@ retire() {
     done
 }
 
+# put_back: the previous driver's packages ($previous) at their versions, the new version's removed, the
+# previous ones held again; the last line on stderr says what the node has now. Exit status: 0 where that worked.
+put_back() {
+    names=$(printf '%s\n' "$previous" | sed 's/=.*//')
+    brought=$(of_version "$new" | grep -vFx "$names")
+    removals=
+    for name in $brought; do removals="$removals $name-"; done
+    # shellcheck disable=SC2086
+    if ! apt-get install -y --no-install-recommends --allow-downgrades --allow-change-held-packages --no-download \
+        $previous $removals >&2; then
+        echo "$1, and putting driver ${old:-none} back failed too (see above)" >&2
+        return 1
+    fi
+    retire "$new" >&2
+    if [ -n "$previous" ]; then
+        # shellcheck disable=SC2086
+        apt-mark hold $names >/dev/null
+        echo "$1: driver $old is back, its packages held again" >&2
+    else
+        echo "$1: its packages are removed again" >&2
+    fi
+}
+
+if [ -n "$restore" ]; then
+    previous=$(printf '%s\n' "$@")
+    put_back "driver $new did not load"
+    exit
+fi
 previous=
 if [ -n "$old" ]; then
     previous=$(of_version "$old" pins)
@@ -66,23 +100,5 @@ find /var/lib/dkms -name make.log -newermt "@$start" 2>/dev/null | head -n 4 | w
     echo "DKMS build log $(printf '%s' "$log" | tr -c 'A-Za-z0-9._+~/-' '?' | head -c 300), its last lines:" >&2
     tail -n 20 "$log" | cut -b 1-300 | tr -d '\000-\010\013-\037\177' >&2
 done
-# Back to what was there: the previous driver's packages at their versions, the new version's removed.
-names=$(printf '%s\n' "$previous" | sed 's/=.*//')
-brought=$(of_version "$new" | grep -vFx "$names")
-removals=
-for name in $brought; do removals="$removals $name-"; done
-# shellcheck disable=SC2086
-if apt-get install -y --no-install-recommends --allow-downgrades --allow-change-held-packages --no-download \
-    $previous $removals >&2; then
-    retire "$new" >&2
-    if [ -n "$previous" ]; then
-        # shellcheck disable=SC2086
-        apt-mark hold $names >/dev/null
-        echo "the install of driver $new failed: driver $old is back, its packages held again" >&2
-    else
-        echo "the install of driver $new failed: its packages are removed again" >&2
-    fi
-else
-    echo "the install of driver $new failed, and undoing it failed too (see above)" >&2
-fi
+put_back "the install of driver $new failed"
 exit "$status"

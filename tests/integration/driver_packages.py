@@ -8,10 +8,10 @@ machine's apt setup is left alone) into the cache, with the package lists they w
 prepared with those lists and files, so that its own apt installs without reaching any archive: as after
 ``driver_downloaded``.
 
-The install builds the module with DKMS (about two minutes on two cores), and so does the change to the
-Tesla 535 branch over it: the root as each step left it is kept in the cache, the overlay layer of its
-changes and the run's log, under a stamp naming the packages, the layers below and every source file of the
-project. Any change to the code installs again.
+The install builds the module with DKMS (about two minutes on two cores), and so do the change to the
+Tesla 535 branch over it and putting 550 back over that: the root as each step left it is kept in the
+cache, the overlay layer of its changes and the run's log, under a stamp naming the packages, the layers
+below and every source file of the project. Any change to the code installs again.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pyinfra_gpunode.driver_plan import previous_set
+from pyinfra_gpunode.operations._packages import restore_built
 from tests import cli
 from tests.fleet.archive import debian_mirror
 from tests.fleet.paths import cache_dir, roots_dir
@@ -199,6 +201,36 @@ def changed_layer(root: Path) -> tuple[Path, dict[str, Any]]:
 
     stamp = json.dumps({"below": (installed.parent / "stamp").read_text(), "packages": tesla_wanted(root)})
     return _layer(f"{HOSTPREP_RELEASE}-hostprep-driver-{TESLA}", stamp, [installed, root], change)
+
+
+def restored_layer(root: Path) -> tuple[Path, dict[str, Any]]:
+    """The changes putting driver 550 back made on the changed node (``changed_layer``), as the driver step does
+    where the Tesla 535 module does not load after its reboot (``_packages.restore_built`` with the packages
+    the install left: ``previous_set``), a layer over that one's, and its record; made once per change and code."""
+    installed, _ = installed_layer(root)
+    changed, _ = changed_layer(root)
+    previous = previous_set(dpkg_status(installed / "var/lib/dpkg/status"), DRIVER)
+
+    def restore(node: Path) -> tuple[int, str]:
+        command = str(restore_built(previous, DRIVER, TESLA))
+        done = subprocess.run(
+            ["chroot", str(node), "/bin/sh", "-c", command], capture_output=True, text=True, timeout=1200,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+        )  # fmt: skip
+        return done.returncode, done.stdout + done.stderr
+
+    stamp = json.dumps({"below": (changed.parent / "stamp").read_text(), "previous": previous})
+    return _layer(f"{HOSTPREP_RELEASE}-hostprep-driver-{DRIVER}-back", stamp, [changed, installed, root], restore)
+
+
+def dpkg_status(path: Path) -> dict[str, dict[str, Any]]:
+    """The installed packages a dpkg status file lists, as ``NvidiaHostState`` gives them: name -> version."""
+    packages: dict[str, dict[str, Any]] = {}
+    for stanza in path.read_text().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[0].isspace())
+        if fields.get("Status", "").endswith(" installed"):
+            packages[fields["Package"]] = {"version": fields["Version"], "held": fields["Status"].startswith("hold")}
+    return packages
 
 
 Build = Callable[[Path], tuple[int, str]]  # writes a layer on a node: the run's exit status and log

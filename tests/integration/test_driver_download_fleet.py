@@ -7,7 +7,13 @@ test packages standing for Debian's driver packages (``nvidia-driver``, ``firmwa
 with apt's ``copy:`` method, which fetches into ``/var/cache/apt/archives`` as a remote repository
 does. The before-hook is a real program: at each turn it lists every node's apt cache, then makes
 its node's repository unreachable, so the turn's install succeeds only from the cache. dl3's
-repository lists the packages and has lost their files: its download fails before any turn."""
+repository lists the packages and has lost their files: its download fails before any turn.
+
+A driver change that does not load after its reboot: dl1 runs driver OLD_DRIVER from packages whose module
+package ships a stand-in ``nvidia.ko`` (its ``.modinfo`` names the version and the kernel, as ``modinfo`` reads
+a DKMS build) and changes to DRIVER, which the node "refuses" at boot: a unit run at every boot shows the
+module ``modprobe nvidia`` would load as loaded unless its version is refused, as a GPU-less kernel refuses
+the real one. The change is undone from apt's cache and the node rebooted into OLD_DRIVER."""
 
 from __future__ import annotations
 
@@ -32,6 +38,9 @@ pytestmark = pytest.mark.fleet
 
 DRIVER = "550.163.01"
 PACKAGE_VERSION = f"{DRIVER}-2"
+OLD_DRIVER = "550.144.03"
+OLD_PACKAGE_VERSION = f"{OLD_DRIVER}-1"
+DRIVER_PACKAGES = ("firmware-nvidia-gsp", "libcuda1", "nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi")
 APT_REPOSITORY = "/srv/gpunode-test-repo"
 SOURCE_LIST = "/etc/apt/sources.list.d/gpunode-test.list"
 PLANTED = "/root/gpunode-planted"
@@ -58,20 +67,18 @@ def fleet(fleet_factory: FleetFactory) -> Iterator[Fleet]:
         yield booted
 
 
-def build_repository(directory: Path, kernel: str) -> Path:
-    """A flat apt repository (``Packages`` beside the ``.deb`` files) of the test driver packages."""
-    packages = {
-        "nvidia-driver": PACKAGE_VERSION,
-        "firmware-nvidia-gsp": PACKAGE_VERSION,
-        "libcuda1": PACKAGE_VERSION,
-        "nvidia-smi": PACKAGE_VERSION,
-        "nvidia-kernel-dkms": PACKAGE_VERSION,
-        f"linux-headers-{kernel}": "1",
-    }
+def build_repository(
+    directory: Path, kernel: str, versions: tuple[str, ...] = (PACKAGE_VERSION,), modules: bool = False
+) -> Path:
+    """A flat apt repository (``Packages`` beside the ``.deb`` files) of the test driver packages, at each of
+    ``versions``; with ``modules`` the module package of each ships a stand-in module for ``kernel``."""
+    packages = [(name, version) for version in versions for name in DRIVER_PACKAGES] + [
+        (f"linux-headers-{kernel}", "1")
+    ]
     repository = directory / "repository"
     repository.mkdir(parents=True)
-    for name, version in packages.items():
-        tree = directory / "trees" / name
+    for name, version in packages:
+        tree = directory / "trees" / f"{name}_{version}"
         (tree / "DEBIAN").mkdir(parents=True)
         (tree / "DEBIAN" / "control").write_text(
             f"Package: {name}\nVersion: {version}\nArchitecture: amd64\n"
@@ -79,15 +86,39 @@ def build_repository(directory: Path, kernel: str) -> Path:
         )
         (tree / "usr/share/doc" / name).mkdir(parents=True)
         (tree / "usr/share/doc" / name / "test-package").write_text(f"{name} {version}\n")
+        if name == "nvidia-kernel-dkms" and modules:
+            stand_in_module(tree, kernel, version.rsplit("-", 1)[0])
         subprocess.run(
             ["dpkg-deb", "--root-owner-group", "-b", str(tree), str(repository / f"{name}_{version}_amd64.deb")],
             check=True, capture_output=True,
         )  # fmt: skip
     index = subprocess.run(
-        ["dpkg-scanpackages", ".", "/dev/null"], cwd=repository, check=True, capture_output=True, text=True
+        ["dpkg-scanpackages", "-m", ".", "/dev/null"], cwd=repository, check=True, capture_output=True, text=True
     )
     (repository / "Packages").write_text(index.stdout)
     return repository
+
+
+def stand_in_module(tree: Path, kernel: str, version: str) -> None:
+    """``/lib/modules/KERNEL/updates/dkms/nvidia.ko`` in package tree ``tree``: an object file whose ``.modinfo``
+    says what DKMS's build would (version, vermagic), indexed by ``depmod`` when installed and removed."""
+    module_dir = tree / "lib/modules" / kernel / "updates/dkms"
+    module_dir.mkdir(parents=True)
+    work = tree.parent / f"{tree.name}.build"
+    work.mkdir()
+    info = work / "modinfo"
+    info.write_bytes(
+        f"version={version}\0vermagic={kernel} SMP preempt mod_unload modversions \0name=nvidia\0".encode()
+    )
+    subprocess.run(["as", "-o", str(work / "empty.o"), "/dev/null"], check=True)
+    subprocess.run(
+        ["objcopy", f"--add-section=.modinfo={info}", "--set-section-flags=.modinfo=alloc,readonly",
+         str(work / "empty.o"), str(module_dir / "nvidia.ko")],
+        check=True,
+    )  # fmt: skip
+    for script in ("postinst", "postrm"):
+        (tree / "DEBIAN" / script).write_text(f"#!/bin/sh\ndepmod {kernel}\n")
+        (tree / "DEBIAN" / script).chmod(0o755)
 
 
 def copy_tree(fleet: Fleet, node: str, source: Path, target: str) -> None:
@@ -119,7 +150,7 @@ def deploy(inventory_path: Path, *args: str) -> subprocess.CompletedProcess[str]
     return cli.pyinfra(*args, inventory_path, "deploys/gpu_node.py")
 
 
-def inventory(fleet: Fleet, tmp_path: Path, hook: Path) -> Path:
+def inventory(fleet: Fleet, tmp_path: Path, hook: Path, only: str | None = None, **more: Any) -> Path:
     data = {
         "gpunode_driver_version": DRIVER,
         "gpunode_driver_flavor": "default",
@@ -129,13 +160,14 @@ def inventory(fleet: Fleet, tmp_path: Path, hook: Path) -> Path:
         "gpunode_rollout_before": [str(hook), "before", "{node}"],
         "gpunode_rollout_after": [str(hook), "after", "{node}"],
         "gpunode_hook_timeout": 120,
+        **more,
     }
     path = tmp_path / "inventory.py"
     path.write_text(
         "import runpy\n"
         f"data = {data!r}\n"
         f"hosts = [(name, {{**host_data, **data}}) for name, host_data in runpy.run_path({str(fleet.inventory_path)!r})"
-        "['hosts']]\n"
+        f"['hosts'] if {only!r} in (None, name)]\n"
     )
     return path
 
@@ -213,3 +245,93 @@ def test_driver_packages_are_downloaded_before_the_first_turn_and_the_turn_downl
     assert reason in rows["dl3"], rows["dl3"]
     assert "packages not downloaded: E: Failed to fetch copy:" in rows["dl3"], rows["dl3"]
     assert sh(fleet, "dl3", "dpkg-query -W -f='${Status}' nvidia-driver 2>/dev/null || true") == ""
+
+
+# At every boot: the GPU shown, no EFI (Secure Boot off), and the module `modprobe nvidia` would load shown as
+# loaded unless its version is listed in REFUSED; each boot's id appended to BOOTS.
+REFUSED = f"{PLANTED}/refused"
+BOOTS = f"{PLANTED}/boots"
+BOOT_SCRIPT = f"""set -e
+cat /proc/sys/kernel/random/boot_id >> {BOOTS}
+rm -rf {PLANTED}/module && mkdir -p {PLANTED}/module {PLANTED}/firmware
+version=$(modinfo -F version nvidia 2>/dev/null || true)
+if [ -n "$version" ] && ! grep -qxF "$version" {REFUSED}; then
+    mkdir {PLANTED}/module/nvidia && echo "$version" > {PLANTED}/module/nvidia/version
+fi
+mount --bind {PLANTED}/pci /sys/bus/pci/devices
+mount --bind {PLANTED}/module /sys/module
+mount --bind {PLANTED}/firmware /sys/firmware
+"""
+BOOT_UNIT = f"""[Unit]
+Description=test: the GPU, and the nvidia module unless the kernel refuses it
+Before=ssh.service containerd.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh {PLANTED}/boot.sh
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def put(fleet: Fleet, node: str, path: str, text: str) -> None:
+    done = subprocess.run(
+        ["ssh", "-F", str(fleet.ssh_config_path), node, f"cat > {path}"],
+        input=text, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_driver_change_that_does_not_load_after_its_reboot_is_put_back_from_the_cache(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    node = "dl1"
+    fleet.reset(NODES)
+    kernel = sh(fleet, node, "uname -r").strip()
+    repository = build_repository(tmp_path / "build", kernel, (OLD_PACKAGE_VERSION, PACKAGE_VERSION), modules=True)
+    prepare(fleet, node, repository)
+    old_pins = [f"{name}={OLD_PACKAGE_VERSION}" for name in DRIVER_PACKAGES]
+    sh(fleet, node, f"DEBIAN_FRONTEND=noninteractive apt-get install -y -q {' '.join(old_pins)} >/dev/null "
+                    f"&& apt-mark hold {' '.join(DRIVER_PACKAGES)} >/dev/null && apt-get clean")  # fmt: skip
+    sh(fleet, node, f"umount /sys/module && echo {DRIVER} > {REFUSED}")
+    put(fleet, node, f"{PLANTED}/boot.sh", BOOT_SCRIPT)
+    put(fleet, node, "/etc/systemd/system/gpunode-test-gpu.service", BOOT_UNIT)
+    sh(fleet, node, f"systemctl enable -q gpunode-test-gpu.service && sh {PLANTED}/boot.sh")
+    assert sh(fleet, node, "cat /sys/module/nvidia/version") == f"{OLD_DRIVER}\n"
+    log = tmp_path / "hooks.jsonl"
+    hook = tmp_path / "hook"
+    hook.write_text(HOOK.format(python=sys.executable, ssh_config=str(fleet.ssh_config_path), nodes=[node],
+                                repository=APT_REPOSITORY, log=str(log)))  # fmt: skip
+    hook.chmod(0o755)
+    path = inventory(fleet, tmp_path, hook, gpunode_reboot=True, only=node)
+
+    dry = deploy(path, "--dry")
+    assert dry.returncode == 0, dry.stdout
+    kept = f"[{node}] plan: download before the turns, to put back where the change fails: driver {OLD_DRIVER}'s "
+    assert kept + f"packages {', '.join(old_pins)} (5 files, " in dry.stdout, dry.stdout
+    assert (
+        f"[{node}] plan: driver: reboot ({OLD_DRIVER} loaded, {DRIVER} installed); driver {OLD_DRIVER} put back where "
+        "it does not load"
+    ) in dry.stdout, dry.stdout
+    assert calls(log) == [] and sh(fleet, node, "ls /var/cache/apt/archives/*.deb 2>/dev/null || true") == ""
+
+    run = deploy(path, "-y")
+    assert run.returncode != 0, run.stdout
+    # the replaced driver's files were in the cache before the turn; the turn fetched nothing (its repository gone)
+    before = [call for call in calls(log) if call["which"] == "before"]
+    assert len(before) == 1 and f"nvidia-driver_{OLD_PACKAGE_VERSION}_amd64.deb" in before[0]["caches"][node]
+    assert [call["which"] for call in calls(log)] == ["before"], "the after-hook ran for a failed turn"
+    row = summary_rows(run.stdout)[node]
+    assert (
+        f"after the reboot the loaded NVIDIA module is none (userspace none), not {DRIVER}; driver {OLD_DRIVER} put "
+        "back: it is loaded, its packages held"
+    ) in row, row
+    # rebooted into the new driver, then into the old one again
+    assert len(sh(fleet, node, f"cat {BOOTS}").split()) == 3
+    assert sh(fleet, node, "cat /sys/module/nvidia/version") == f"{OLD_DRIVER}\n"
+    status = sh(fleet, node, "dpkg-query -W -f='${Status} ${Version}\\n' " + " ".join(DRIVER_PACKAGES))
+    assert status.splitlines() == [f"hold ok installed {OLD_PACKAGE_VERSION}"] * len(DRIVER_PACKAGES), status
+    assert sh(fleet, node, "dpkg --audit") == ""
+    assert sh(fleet, node, "modinfo -F version nvidia") == f"{OLD_DRIVER}\n"

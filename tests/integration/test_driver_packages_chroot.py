@@ -1,7 +1,8 @@
 """The driver step with Debian's real NVIDIA packages (550.163.01, trixie non-free) in a root with a real
 Debian kernel and its headers: the dry run, the install with its DKMS build, the whole set held, a second
 run, a module Secure Boot would refuse, and a change to the Tesla 535 branch: built and the old driver
-removed, or, its build failing, undone.
+removed, or, its build failing, undone; and, as where the 535 module does not load after the reboot, 550 put
+back over the change.
 
 In a chroot the running kernel (``uname -r``) is this machine's, whose headers no archive offers: the node
 is one mid-upgrade whose running kernel's headers have left the archive, and the module is built for the
@@ -30,6 +31,7 @@ from tests.integration.driver_packages import (
     installed_layer,
     kernel_of,
     prepared,
+    restored_layer,
     run,
     tesla_wanted,
     wanted,
@@ -206,3 +208,27 @@ def test_a_branch_change_installs_the_new_driver_then_removes_the_old(
     assert sh(node, f"modinfo -k {kernel} -F version nvidia-tesla-535").strip() == TESLA
     status, log = run(node, data={"driver_version": TESLA})
     assert status == 0 and "] No changes" in log, log
+
+
+def test_putting_the_replaced_driver_back_after_a_change_reinstalls_and_holds_it(
+    root: Path, installed: tuple[Path, dict[str, Any]], changed: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """What the step runs where the Tesla 535 module does not load after the reboot: 550's packages (the install
+    removed them) installed again from apt's cache at their versions and built, 535's removed, 550 held, and
+    Debian's alternatives naming the 550 module again."""
+    back, record = restored_layer(root)
+    assert record["status"] == 0, record["log"]
+    assert f"driver {TESLA} did not load: driver {DRIVER} is back, its packages held again" in record["log"]
+    with writable_copy(back, tmp_path, below=[changed[0], installed[0], root]) as node:
+        kernel = kernel_of(root)
+        assert sh(node, "dpkg --audit") == ""
+        after = driver_packages(node)
+        assert not [name for name in after if "tesla" in name], after
+        with writable_copy(installed[0], tmp_path / "installed", below=[root]) as before_change:
+            before = {name: v for name, v in driver_packages(before_change).items() if v.startswith(f"{DRIVER}-")}
+        assert {name: version for name, version in after.items() if version.startswith(f"{DRIVER}-")} == before
+        assert set(before) <= set(sh(node, "apt-mark showhold").split())
+        assert "install nvidia modprobe -i nvidia-current " in sh(node, "cat /etc/modprobe.d/nvidia.conf")
+        assert sh(node, f"modinfo -k {kernel} -F version nvidia-current").strip() == DRIVER
+        status, log = run(node)
+        assert status == 0 and "] No changes" in log, log

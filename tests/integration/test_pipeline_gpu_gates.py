@@ -210,7 +210,7 @@ def planned_turns(hosts: list[tuple[str, dict[str, Any]]]) -> dict[str, list[str
         add_deploy(state, gpu_node_prepared)
     finally:
         disconnect_all(state)
-    return {name: changes for name, (changes, _) in run_state(state).driver_turns.items()}
+    return {name: changes for name, (changes, _, _) in run_state(state).driver_turns.items()}
 
 
 def test_a_toolkit_upgrade_is_made_in_the_nodes_turn() -> None:

@@ -90,7 +90,7 @@ def test_one_decision_per_read_serves_the_operation_its_twin_and_the_summary() -
     commands = run()
     assert SEEN["again"] is SEEN["first"], "asked again on the same read, the driver step decided again"
     assert SEEN["first"].source == "packages" and "580" in SEEN["first"].error, SEEN["first"]
-    assert SEEN["changes"] == []  # a node the step fails has no change for its turn
+    assert SEEN["changes"] == ([], ("", ""))  # a node the step fails has no change for its turn
     assert SEEN["other"] is not SEEN["first"] and "not installed from packages" in SEEN["other"].error
     assert SEEN["after"] is not SEEN["first"], "after a command the decision came from the read before it"
     # The snapshot, the index once for the first read, the echo, the node's driver read again, the index again.

@@ -95,6 +95,7 @@ def test_a_package_at_another_version_is_upgraded_and_the_turn_reboots_into_it()
         f"driver: install nvidia-utils-580-server={pinned['nvidia-utils-580-server']}"
     ]
     assert found.changes(reboot=True)[1] == "driver: reboot (580.95.05 loaded, 580.126.20 installed)"
+    assert found.versions(reboot=True) == ("580.95.05", "580.126.20")
 
 
 def test_an_own_driver_newer_in_userspace_than_loaded_reboots_only_when_asked() -> None:
@@ -103,3 +104,17 @@ def test_an_own_driver_newer_in_userspace_than_loaded_reboots_only_when_asked() 
     assert found.keeps_own_driver and found.needs_reboot and found.changes(reboot=False) == []
     loaded, userspace = node["driver"]["kernel_module_version"], node["driver"]["userspace_version"]
     assert found.changes(reboot=True) == [f"driver: reboot ({loaded} loaded, {userspace} installed)"]
+    assert found.versions(reboot=True) == (loaded, userspace) and found.versions(reboot=False) == ("", "")
+
+
+def test_a_branch_change_rebooted_into_puts_the_replaced_driver_back_where_it_does_not_load() -> None:
+    fixture = json.loads((FIXTURES / "debian_branch_change_replaces_the_driver.json").read_text())["facts"]
+    node = dict(fixture["driver.NvidiaHostState"])
+    available = next(iter(fixture["package_index.NvidiaAptVersions"].values()))
+    request = check_request(DriverRequest(version="535.274.02", allow_dkms=True))
+    found = decide_driver(node, "packages", request, available=available)
+    assert found.replaces == "550.163.01" and found.previous["nvidia-driver"] == "550.163.01-2"
+    assert found.changes(reboot=True)[1] == (
+        "driver: reboot (550.163.01 loaded, 535.274.02 installed); driver 550.163.01 put back where it does not load"
+    )
+    assert found.versions(reboot=True) == ("550.163.01", "535.274.02")

@@ -12,6 +12,7 @@ from pyinfra_gpunode.driver_plan import (
     plan_driver,
     preinstalled_driver,
     previous_driver,
+    previous_set,
     resolve_source,
     wanted_names,
 )
@@ -312,3 +313,14 @@ def test_the_driver_a_change_replaces_is_the_installed_lead_packages_version() -
     both = {**installed, **tesla}
     assert previous_driver(both, "580.126.20") == ""
     assert previous_driver({"nvidia-driver": {"version": "garbage"}}, "550.163.01") == ""
+
+
+def test_the_replaced_drivers_packages_are_its_versions_exact_pins_and_only_what_apt_takes() -> None:
+    installed = {
+        "nvidia-driver": {"version": "550.163.01-2"}, "libnvidia-ml1": {"version": "1:550.163.01-2"},
+        "nvidia-persistenced": {"version": "550.54.14-1"}, "libnvidia-container1": {"version": "1.17.8-1"},
+        "linux-headers-6.12.117+deb13-amd64": {"version": "6.12.117-1"},
+        "nvidia-smi;rm": {"version": "550.163.01-2"}, "libcuda1": {"version": "550.163.01-2 x"},
+    }  # fmt: skip
+    assert previous_set(installed, "550.163.01") == {"libnvidia-ml1": "1:550.163.01-2", "nvidia-driver": "550.163.01-2"}
+    assert previous_set(installed, "") == {}

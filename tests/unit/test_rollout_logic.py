@@ -175,7 +175,8 @@ def test_units_that_cannot_be_restarted_are_refused_naming_what_was_found() -> N
 
 def test_each_node_has_its_own_settings_and_unlisted_nodes_the_defaults() -> None:
     nodes = {"node3": {"runtime": {"binary": "/opt/c"}, "timeout": 20, "restart": "none"}}
-    no_turn = {"before": [], "after": [], "hook_timeout": 600.0, "node_name": None, "driver": [], "steps": None}
+    no_turn = {"before": [], "after": [], "hook_timeout": 600.0, "node_name": None, "driver": [], "steps": None,
+               "driver_versions": ("", "")}  # fmt: skip
     assert node_settings(nodes, "node3") == {
         "runtime": {"binary": "/opt/c"}, "timeout": 20, "restart": "none", **no_turn,
     }  # fmt: skip
