@@ -286,15 +286,17 @@ def turn_hook(
     prefix: str = "",
     turn: str = "1/1",
     batch: str = "batch 1/1",
+    driver: tuple[str, str] = ("", ""),
 ) -> str | None:
     """Run a node's ``which`` hook (``before`` or ``after`` its rollout turn) on the controller, without a
     shell: ``template`` with ``{node}`` and ``{hostname}`` filled in (``hooks.hook_argv``), the controller's
     environment plus what the turn is about (``hooks.hook_environment``), for at most ``timeout`` seconds.
     ``None`` when it exited 0, else why not (``hook_failure``). ``prefix``: what the node's log lines
     start with; ``turn`` and ``batch``: where the turn stands in the rollout (``GPUNODE_TURN``,
-    ``GPUNODE_BATCH``)."""
+    ``GPUNODE_BATCH``); ``driver``: the driver version before the turn and after (``GPUNODE_DRIVER_FROM``,
+    ``GPUNODE_DRIVER_TO``)."""
     argv = hook_argv(template, node, hostname)
-    env = hook_environment(os.environ, which, node, hostname, changes, turn, batch)
+    env = hook_environment(os.environ, which, node, hostname, changes, turn, batch, driver)
     logger.info("%s%s-hook: %s", prefix, which, shown_argv(argv))
     run = run_hook(argv, env, timeout, f"{prefix}{which}-hook")
     return hook_failure(argv[0], timeout, run)

@@ -79,13 +79,16 @@ def hook_environment(
     changes: Sequence[str],
     turn: str = "1/1",
     batch: str = "batch 1/1",
+    driver: tuple[str, str] = ("", ""),
 ) -> dict[str, str]:
     """The hook's environment: ``base`` (the controller's) plus what this turn is about.
 
     ``GPUNODE_HOOK`` (before/after), ``GPUNODE_NODE``, ``GPUNODE_HOSTNAME``, ``GPUNODE_CHANGES``
     (the turn's planned changes, one a line), ``GPUNODE_DRIVER_CHANGE`` (``1`` when the
-    turn changes the driver, else ``0``), ``GPUNODE_TURN`` (``k/n``: the rollout's k-th of n
-    turns) and ``GPUNODE_BATCH`` (its group: ``canary k/n``, ``batch k/n`` or ``resumed k/n``).
+    turn changes the driver, else ``0``), ``GPUNODE_DRIVER_FROM`` and ``GPUNODE_DRIVER_TO`` (``driver``:
+    the version of the driver module loaded before the turn, and of the driver the turn installs or
+    reboots into; empty where none or where the turn leaves the driver alone), ``GPUNODE_TURN``
+    (``k/n``: the rollout's k-th of n turns) and ``GPUNODE_BATCH`` (its group: ``canary k/n``, ``batch k/n`` or ``resumed k/n``).
     """
     return {
         **base,
@@ -94,6 +97,8 @@ def hook_environment(
         "GPUNODE_HOSTNAME": hostname,
         "GPUNODE_CHANGES": "\n".join(change_lines(changes)),
         "GPUNODE_DRIVER_CHANGE": "1" if any(change.startswith("driver") for change in changes) else "0",
+        "GPUNODE_DRIVER_FROM": driver[0],
+        "GPUNODE_DRIVER_TO": driver[1],
         "GPUNODE_TURN": turn,
         "GPUNODE_BATCH": batch,
     }

@@ -753,4 +753,5 @@ def _turn_hook(
         prefix=node.print_prefix,
         turn=position.turn,
         batch=position.batch,
+        driver=settings["driver_versions"],
     )

@@ -304,6 +304,10 @@ def test_a_driver_reboot_is_taken_in_its_nodes_turn_only(
     made = {(call["argv"][0], call["argv"][1]): call for call in calls(hook)}
     assert len(made) == 6, calls(hook)
     assert made["before", "tn2"]["env"]["GPUNODE_DRIVER_CHANGE"] == "1"
+    assert (made["before", "tn2"]["env"]["GPUNODE_DRIVER_FROM"], made["before", "tn2"]["env"]["GPUNODE_DRIVER_TO"]) == (
+        OLD_DRIVER,
+        DRIVER,
+    )
     assert made["before", "tn2"]["env"]["GPUNODE_CHANGES"].startswith(f"driver: reboot ({OLD_DRIVER} loaded")
     assert made["before", "tn3"]["env"]["GPUNODE_DRIVER_CHANGE"] == "0"
     # tn2 went down after its before-hook and came back before its after-hook; tn3's turn started after that

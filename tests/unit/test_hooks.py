@@ -50,10 +50,16 @@ def test_a_hook_timeout_must_be_a_positive_number(timeout: object) -> None:
 
 def test_the_environment_carries_the_turns_planned_changes() -> None:
     changes = ["driver: reboot (550.144.03 loaded, 550.163.01 installed)", "containerd: restart (config) and verify"]
-    env = hook_environment({"PATH": "/usr/bin"}, "after", "node2", "gpu-b", changes, "7/40", "batch 3/20")
+    driver = ("550.144.03", "550.163.01")
+    env = hook_environment({"PATH": "/usr/bin"}, "after", "node2", "gpu-b", changes, "7/40", "batch 3/20", driver)
     assert env == {
         "PATH": "/usr/bin", "GPUNODE_HOOK": "after", "GPUNODE_NODE": "node2", "GPUNODE_HOSTNAME": "gpu-b",
-        "GPUNODE_CHANGES": "\n".join(changes), "GPUNODE_DRIVER_CHANGE": "1", "GPUNODE_TURN": "7/40",
-        "GPUNODE_BATCH": "batch 3/20",
+        "GPUNODE_CHANGES": "\n".join(changes), "GPUNODE_DRIVER_CHANGE": "1", "GPUNODE_DRIVER_FROM": "550.144.03",
+        "GPUNODE_DRIVER_TO": "550.163.01", "GPUNODE_TURN": "7/40", "GPUNODE_BATCH": "batch 3/20",
     }  # fmt: skip
-    assert hook_environment({}, "before", "n", "h", changes[1:])["GPUNODE_DRIVER_CHANGE"] == "0"
+    unchanged = hook_environment({}, "before", "n", "h", changes[1:])
+    assert (unchanged["GPUNODE_DRIVER_CHANGE"], unchanged["GPUNODE_DRIVER_FROM"], unchanged["GPUNODE_DRIVER_TO"]) == (
+        "0",
+        "",
+        "",
+    )
