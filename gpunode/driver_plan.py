@@ -17,11 +17,19 @@ from typing import Any
 from .driver_versions import branch_of, is_branch, is_driver_version, same_driver, upstream_version, version_key
 from .settings import DRIVER_FLAVOR, DriverSettings
 
-# Ubuntu (Canonical's restricted archive): branches with real packages, and branches whose
-# packages became transitional dummies that pull in a newer branch.
-UBUNTU_BRANCHES = ("535", "580", "595")
-UBUNTU_TRANSITIONAL = {"550": "570", "570": "580"}
-UBUNTU_RELEASES = ("22.04", "24.04")
+# Ubuntu (Canonical's restricted archive), per release: branches with real packages, and branches whose
+# packages became transitional dummies that pull in a newer branch. 26.04 (resolute, kernel 7.0): its
+# nvidia-graphics-drivers-580-server (580.173.02-0ubuntu0.26.04.1) builds the 535-server and 570-server
+# packages as transitional ones (packages.ubuntu.com/source/resolute/nvidia-graphics-drivers-580-server), and
+# linux-restricted-modules ships branch 595's precompiled modules, proprietary and open, for its 7.0 kernels
+# (packages.ubuntu.com/resolute/linux-modules-nvidia-595-nvidia, .../linux-modules-nvidia-595-open-nvidia).
+UBUNTU_BRANCHES = {"22.04": ("535", "580", "595"), "24.04": ("535", "580", "595"), "26.04": ("580", "595")}
+UBUNTU_TRANSITIONAL = {
+    "22.04": {"550": "570", "570": "580"},
+    "24.04": {"550": "570", "570": "580"},
+    "26.04": {"535": "580", "570": "580"},
+}
+UBUNTU_RELEASES = tuple(UBUNTU_BRANCHES)
 
 # Debian non-free: the branch each package family carries per release.
 DEBIAN_FAMILIES: dict[str, dict[str, str]] = {
@@ -119,9 +127,10 @@ def check_request(request: DriverRequest) -> DriverRequest:
                 "version", f"version {request.version!r} is not on branch {branch!r} (it is on {version_branch!r})"
             )
         branch = version_branch
-    known = set(UBUNTU_BRANCHES) | set(UBUNTU_TRANSITIONAL)
-    for releases in DEBIAN_FAMILIES.values():
-        known |= set(releases)
+    known: set[str] = set()
+    for tables in (UBUNTU_BRANCHES, UBUNTU_TRANSITIONAL, DEBIAN_FAMILIES):
+        for carried in tables.values():
+            known |= set(carried)
     if branch is not None and branch not in known:
         argument = "branch" if request.branch else "version"
         raise DriverRequestError(argument, f"unknown driver branch {branch!r} (known: {', '.join(sorted(known))})")
@@ -239,14 +248,16 @@ def host_error(host: HostInfo, request: DriverRequest) -> str:
     if host.distro == "ubuntu":
         if host.release not in UBUNTU_RELEASES:
             return f"Ubuntu {host.release} is not supported (supported: {', '.join(UBUNTU_RELEASES)})"
-        if request.branch in UBUNTU_TRANSITIONAL:
+        branches, transitional = UBUNTU_BRANCHES[host.release], UBUNTU_TRANSITIONAL[host.release]
+        if request.branch in transitional:
             return (
-                f"driver branch {request.branch} is retired on Ubuntu: its packages are transitional and "
-                f"pull in branch {UBUNTU_TRANSITIONAL[request.branch]} (choose one of "
-                f"{', '.join(UBUNTU_BRANCHES)})"
+                f"driver branch {request.branch} is retired on Ubuntu {host.release}: its packages are transitional "
+                f"and pull in branch {transitional[request.branch]} (choose one of {', '.join(branches)})"
             )
-        if request.branch not in UBUNTU_BRANCHES:
-            return f"driver branch {request.branch} is not in Ubuntu (it carries: {', '.join(UBUNTU_BRANCHES)})"
+        if request.branch not in branches:
+            return (
+                f"driver branch {request.branch} is not in Ubuntu {host.release} (it carries: {', '.join(branches)})"
+            )
         return ""
     if host.distro == "debian":
         return _debian_family(host, request)[1]

@@ -204,6 +204,29 @@ def test_ubuntu_retired_and_unsupported() -> None:
     assert "rocky" in plan_driver(HostInfo("rocky", "9.4", K), req(branch="580"), {}, {}).error
 
 
+def test_ubuntu_26_04_carries_580_and_595_and_retires_535() -> None:
+    """Ubuntu 26.04's 580-server source builds the 535-server packages as transitional ones; 595's precompiled
+    modules exist, proprietary and open, for its 7.0 kernels (package names as packages.ubuntu.com lists them)."""
+    kernel = "7.0.0-1015-nvidia"
+    resolute = HostInfo("ubuntu", "26.04", kernel, secure_boot=True)
+    assert "retired on Ubuntu 26.04: its packages are transitional and pull in branch 580 (choose one of 580, 595)" in (
+        plan_driver(resolute, req(branch="535"), {}, {}).error
+    )
+    assert "driver branch 550 is not in Ubuntu 26.04 (it carries: 580, 595)" in (
+        plan_driver(resolute, req(branch="550"), {}, {}).error
+    )
+    assert "retired" not in plan_driver(UBUNTU, req(branch="535"), {}, {}).error  # 24.04 still carries 535
+    assert f"linux-modules-nvidia-595-open-{kernel}" in wanted_names(resolute, req(branch="595", flavor="open"))
+    available = {
+        "nvidia-headless-no-dkms-595-open": ["595.84.01-0ubuntu1"],
+        "nvidia-utils-595-open": ["595.84.01-0ubuntu1"],
+        f"linux-modules-nvidia-595-open-{kernel}": ["7.0.0-1015.15+1"],
+    }
+    plan = plan_driver(resolute, req(version="595.84.01", flavor="open"), {}, available)
+    assert plan.error == "" and plan.method == "precompiled", plan.error
+    assert plan.packages[f"linux-modules-nvidia-595-open-{kernel}"] == "7.0.0-1015.15+1"
+
+
 def test_debian_needs_dkms_with_headers_and_pins_each_package() -> None:
     available = {
         "nvidia-driver": ["555.58.02-4", "550.163.01-5.1", "550.163.01-2"],
