@@ -37,6 +37,11 @@ DEBIAN_FAMILIES: dict[str, dict[str, str]] = {
     "13": {"550": "current", "535": "tesla-535"},
 }
 
+# Debian packages of the driver tree at versions of their own, taken at any version: nvidia-persistenced (contrib;
+# trixie's 550.163.01-1 serves the 550 and Tesla 535 trees, each driver only recommends it, so an install without
+# recommendations lacks it and persistence mode cannot be turned on).
+DEBIAN_COMPANIONS = ("nvidia-persistenced",)
+
 FLAVORS = ("default", "server", "open", "server-open")
 # Where the driver comes from: packages this project installs, or a driver already on the node.
 DRIVER_SOURCES = ("auto", "packages", "preinstalled")
@@ -226,7 +231,13 @@ def _debian_names(host: HostInfo, family: str, request: DriverRequest) -> tuple[
     if family == "current":
         module = "nvidia-open-kernel-dkms" if request.open else "nvidia-kernel-dkms"
         return ["nvidia-driver", "firmware-nvidia-gsp", "libcuda1", "nvidia-smi"], [module, *headers]
-    userspace = [f"nvidia-{family}-driver", f"libnvidia-{family}-cuda1", f"nvidia-{family}-smi"]
+    # nvidia-persistenced needs a libnvidia-cfg1: the branch's own, so that no 550 library stays beside it
+    userspace = [
+        f"nvidia-{family}-driver",
+        f"libnvidia-{family}-cuda1",
+        f"nvidia-{family}-smi",
+        f"libnvidia-{family}-cfg1",
+    ]
     return userspace, [f"nvidia-{family}-kernel-dkms", *headers]
 
 
@@ -255,9 +266,7 @@ def host_error(host: HostInfo, request: DriverRequest) -> str:
                 f"and pull in branch {transitional[request.branch]} (choose one of {', '.join(branches)})"
             )
         if request.branch not in branches:
-            return (
-                f"driver branch {request.branch} is not in Ubuntu {host.release} (it carries: {', '.join(branches)})"
-            )
+            return f"driver branch {request.branch} is not in Ubuntu {host.release} (it carries: {', '.join(branches)})"
         return ""
     if host.distro == "debian":
         return _debian_family(host, request)[1]
@@ -273,7 +282,7 @@ def wanted_names(host: HostInfo, request: DriverRequest) -> list[str]:
         return userspace + precompiled + dkms
     family, _ = _debian_family(host, request)
     userspace, dkms = _debian_names(host, family, request)
-    return userspace + dkms
+    return userspace + list(DEBIAN_COMPANIONS) + dkms
 
 
 def _best(versions: Sequence[str], upstream: str) -> str | None:
@@ -327,10 +336,11 @@ def plan_driver(
 
     if host.distro == "ubuntu":
         userspace, precompiled, dkms = _ubuntu_names(host, request)
+        companions: tuple[str, ...] = ()
     else:
         family, _ = _debian_family(host, request)
         userspace, dkms = _debian_names(host, family, request)
-        precompiled = []
+        precompiled, companions = [], DEBIAN_COMPANIONS
     lead = userspace[0]
 
     version = request.version
@@ -349,10 +359,10 @@ def plan_driver(
             if method == "dkms" and _secure_boot_gate(host, request, "x"):
                 continue
             names = userspace + [name for name in modules if name in installed]
-            if all(name in installed for name in names) and all(
+            if all(name in installed for name in [*names, *companions]) and all(
                 upstream_version(installed[name]) == version for name in names if not name.startswith("linux-")
             ):
-                kept = {name: installed[name] for name in names}
+                kept = {name: installed[name] for name in [*names, *companions]}
                 kernels, unbuilt = _built_for(host, kept) if method == "dkms" else ((), ())
                 return DriverPlan(version, method, kept, kernels=kernels, unbuilt=unbuilt)
         return DriverPlan(error="query")
@@ -402,6 +412,13 @@ def plan_driver(
         if found is None:
             return DriverPlan(error=f"the package index offers no {name} at driver version {version}")
         packages[name] = found
+    for name in companions:
+        if name not in installed and not available.get(name):
+            return DriverPlan(
+                error=f"the package index offers no {name} (Debian carries it in the contrib component: add "
+                "`contrib non-free non-free-firmware` to the node's apt sources and run apt-get update)"
+            )
+        packages[name] = installed.get(name) or available[name][0]
     kernels, unbuilt = _built_for(host, packages)
     return DriverPlan(version, "dkms", packages, kernels=kernels, unbuilt=unbuilt)
 
@@ -446,15 +463,16 @@ _PACKAGE_VERSION = re.compile(r"[0-9][A-Za-z0-9.+~:-]{0,99}")
 
 
 def previous_set(packages: Mapping[str, Mapping[str, Any]], version: str) -> dict[str, str]:
-    """The installed packages of driver ``version`` (``packages``: ``NvidiaHostState``'s), name -> exact
-    version: what puts that driver back where a change away from it fails after the install. A name or
-    version apt would not take is left out (the node's text, never passed on)."""
+    """The installed packages of driver ``version`` and its companions (``DEBIAN_COMPANIONS``, of versions of
+    their own; ``packages``: ``NvidiaHostState``'s), name -> exact version: what puts that driver back where a
+    change away from it fails after the install. A name or version apt would not take is left out (the
+    node's text, never passed on)."""
     if not version:
         return {}
     return {
         name: str(package["version"])
         for name, package in sorted(packages.items())
-        if upstream_version(str(package["version"])) == version
+        if (upstream_version(str(package["version"])) == version or name in DEBIAN_COMPANIONS)
         and _PACKAGE_NAME.fullmatch(name)
         and _PACKAGE_VERSION.fullmatch(str(package["version"]))
     }
@@ -575,6 +593,8 @@ def decide_driver(
         for name, version in plan.packages.items()
         if name not in installed or (version and installed[name] != version)
     }
+    if to_install:  # named to the install too, as installed, so that replacing another driver keeps them
+        to_install.update({name: plan.packages[name] for name in DEBIAN_COMPANIONS if name in plan.packages})
     replaces = previous_driver(node["packages"], plan.version) if to_install else ""
     return DriverDecision(
         chosen,

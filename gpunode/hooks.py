@@ -88,7 +88,8 @@ def hook_environment(
     turn changes the driver, else ``0``), ``GPUNODE_DRIVER_FROM`` and ``GPUNODE_DRIVER_TO`` (``driver``:
     the version of the driver module loaded before the turn, and of the driver the turn installs or
     reboots into; empty where none or where the turn leaves the driver alone), ``GPUNODE_TURN``
-    (``k/n``: the rollout's k-th of n turns) and ``GPUNODE_BATCH`` (its group: ``canary k/n``, ``batch k/n`` or ``resumed k/n``).
+    (``k/n``: the rollout's k-th of n turns) and ``GPUNODE_BATCH`` (its group: ``canary k/n``,
+    ``batch k/n`` or ``resumed k/n``).
     """
     return {
         **base,

@@ -92,21 +92,22 @@ def driver(
       only, not from the package index, and the install never downloads (apt fails rather than fetch);
       ``None``: from the package index, downloading what is missing
 
-    Ubuntu: ``nvidia-headless-no-dkms-<flavour>`` and ``nvidia-utils-<flavour>`` with
-    Canonical's signed ``linux-modules-nvidia-<flavour>-<kernel>`` when they exist for the
-    running kernel, else ``nvidia-dkms-<flavour>``. Retired branches whose packages are
-    transitional are refused. Debian 12/13: ``nvidia-driver``, ``libcuda1`` and ``nvidia-smi`` with
-    ``nvidia-kernel-dkms`` or ``nvidia-open-kernel-dkms`` (``nvidia-tesla-535-*`` for branch 535 on
-    Debian 13) and the headers of the kernel the node boots next (and of the running one where
-    installed or offered), which DKMS needs to build at all. After a DKMS install, for each kernel
-    built for, the module ``modprobe nvidia`` loads must be of the driver's version (apt itself reports
-    success when DKMS built nothing; a module left from another version does not count), built for
-    that kernel (its vermagic) and, where Secure Boot is on or unknown, signed; else the host fails.
-    The driver's whole set is held: the planned packages and every installed package of its version.
-    Another driver installed from packages is replaced: its packages stay until the new ones are
-    installed and built, then those nothing needs are removed; where the install fails, the node is
-    put back (the new packages removed, the old ones at their versions and held) and fails naming
-    the DKMS build log's last lines. A node without an NVIDIA GPU is skipped.
+    Ubuntu: ``nvidia-headless-no-dkms-<flavour>`` and ``nvidia-utils-<flavour>`` with Canonical's signed
+    ``linux-modules-nvidia-<flavour>-<kernel>`` when they exist for the running kernel, else
+    ``nvidia-dkms-<flavour>``. Retired branches whose packages are transitional are refused. Debian
+    12/13: ``nvidia-driver``, ``libcuda1`` and ``nvidia-smi`` with ``nvidia-kernel-dkms`` or
+    ``nvidia-open-kernel-dkms`` (``nvidia-tesla-535-*`` for branch 535 on Debian 13, with
+    ``libnvidia-tesla-535-cfg1``), ``nvidia-persistenced`` (contrib, at its own version; kept through a
+    change of driver) and the headers of the kernel the node boots next (and of the running one where
+    installed or offered), which DKMS needs to build at all. After a DKMS install, for each kernel built
+    for, the module ``modprobe nvidia`` loads must be of the driver's version (apt itself reports
+    success when DKMS built nothing; a module left from another version does not count), built for that
+    kernel (its vermagic) and, where Secure Boot is on or unknown, signed; else the host fails. The
+    driver's whole set is held: the planned packages and every installed package of its version. Another
+    driver installed from packages is replaced: its packages stay until the new ones are installed and
+    built, then those nothing needs are removed; where the install fails, the node is put back (the new
+    packages removed, the old ones at their versions and held) and fails naming the DKMS build log's
+    last lines. A node without an NVIDIA GPU is skipped.
 
     **Example:**
 

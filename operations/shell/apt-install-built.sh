@@ -36,27 +36,39 @@ removable() {
         autoremove 2>/dev/null | awk '/^Remv / {print $2}' | grep -Fx "$(printf '%s\n' "$@")"
 }
 
+# retired V: driver V's packages but those named in $wanted (a package the new driver takes at any version,
+# nvidia-persistenced, is of the old one's version until its archive has another)
+retired() {
+    of_version "$1" | grep -vFx "$wanted"
+}
+
 # retire OLD: remove its packages that nothing else needs (a package both drivers provide may satisfy a
 # dependency with the old one's: those go one by one where removing them takes nothing else with them)
 retire() {
     for _ in 1 2 3; do
         # shellcheck disable=SC2046
-        gone=$(removable $(of_version "$1"))
+        gone=$(removable $(retired "$1"))
         [ -n "$gone" ] || break
         # shellcheck disable=SC2086
         apt-get remove -y --allow-change-held-packages $gone || return
     done
-    for name in $(of_version "$1"); do
+    for name in $(retired "$1"); do
         with=$(apt-get -s remove "$name" 2>/dev/null | awk '/^Remv / {print $2}' | grep -vFx "$(of_version "$1")")
         [ -n "$with" ] || apt-get remove -y --allow-change-held-packages "$name" || return
     done
 }
 
-# put_back: the previous driver's packages ($previous) at their versions, the new version's removed, the
-# previous ones held again; the last line on stderr says what the node has now. Exit status: 0 where that worked.
+# installed: the driver packages installed now, by name
+installed() {
+    dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' '*nvidia*' 'libcuda*' 2>/dev/null | awk '$1 ~ /^.i/ {print $2}'
+}
+
+# put_back: the previous driver's packages ($previous) at their versions, the new version's the install brought
+# (installed neither before it, $before, nor among $previous) removed, the previous ones held again; the last
+# line on stderr says what the node has now. Exit status: 0 where that worked.
 put_back() {
     names=$(printf '%s\n' "$previous" | sed 's/=.*//')
-    brought=$(of_version "$new" | grep -vFx "$names")
+    brought=$(of_version "$new" | grep -vFx "$names" | grep -vFx "$before")
     removals=
     for name in $brought; do removals="$removals $name-"; done
     # shellcheck disable=SC2086
@@ -65,6 +77,7 @@ put_back() {
         echo "$1, and putting driver ${old:-none} back failed too (see above)" >&2
         return 1
     fi
+    wanted=$names
     retire "$new" >&2
     if [ -n "$previous" ]; then
         # shellcheck disable=SC2086
@@ -75,12 +88,16 @@ put_back() {
     fi
 }
 
+# the packages the install names (name=version or name; apt's options left out)
+wanted=$(printf '%s\n' "$@" | sed -n '/^[a-z0-9]/s/=.*//p')
+before=
 if [ -n "$restore" ]; then
     previous=$(printf '%s\n' "$@")
     put_back "driver $new did not load"
     exit
 fi
 previous=
+before=$(installed)
 if [ -n "$old" ]; then
     previous=$(of_version "$old" pins)
     # apt removes no held package and no package marked as installed by hand as no longer needed

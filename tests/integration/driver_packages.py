@@ -37,6 +37,7 @@ from tests.integration.gpu_state import plant_gpu
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "550.163.01"
 PACKAGE_VERSION = f"{DRIVER}-2"
+PERSISTENCED_VERSION = "550.163.01-1"  # contrib's nvidia-persistenced, both trees' (its own version)
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 COMPONENTS = "main contrib non-free non-free-firmware"
 # What the project's code is: a change to any of these installs again.
@@ -60,8 +61,12 @@ TESLA_VERSION = f"{TESLA}-1~deb13u1"
 def tesla_wanted(root: Path) -> list[str]:
     """What the driver step installs for branch 535 (as its plan names the packages)."""
     names = ("nvidia-tesla-535-driver", "libnvidia-tesla-535-cuda1", "nvidia-tesla-535-smi",
-             "nvidia-tesla-535-kernel-dkms")  # fmt: skip
-    return [*(f"{name}={TESLA_VERSION}" for name in names), f"linux-headers-{kernel_of(root)}"]
+             "libnvidia-tesla-535-cfg1", "nvidia-tesla-535-kernel-dkms")  # fmt: skip
+    return [
+        *(f"{name}={TESLA_VERSION}" for name in names),
+        f"nvidia-persistenced={PERSISTENCED_VERSION}",
+        f"linux-headers-{kernel_of(root)}",
+    ]
 
 
 def archive_stamp(root: Path) -> str:
@@ -83,6 +88,7 @@ def wanted(root: Path) -> list[str]:
         f"libcuda1={PACKAGE_VERSION}",
         f"nvidia-smi={PACKAGE_VERSION}",
         f"nvidia-kernel-dkms={PACKAGE_VERSION}",
+        f"nvidia-persistenced={PERSISTENCED_VERSION}",
         f"linux-headers-{kernel_of(root)}",
     ]
 

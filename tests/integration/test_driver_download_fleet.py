@@ -41,6 +41,8 @@ PACKAGE_VERSION = f"{DRIVER}-2"
 OLD_DRIVER = "550.144.03"
 OLD_PACKAGE_VERSION = f"{OLD_DRIVER}-1"
 DRIVER_PACKAGES = ("firmware-nvidia-gsp", "libcuda1", "nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi")
+# as in Debian's contrib: one nvidia-persistenced, at the newest driver's version, for every driver
+PERSISTENCED_VERSION = f"{DRIVER}-1"
 APT_REPOSITORY = "/srv/gpunode-test-repo"
 SOURCE_LIST = "/etc/apt/sources.list.d/gpunode-test.list"
 PLANTED = "/root/gpunode-planted"
@@ -72,9 +74,8 @@ def build_repository(
 ) -> Path:
     """A flat apt repository (``Packages`` beside the ``.deb`` files) of the test driver packages, at each of
     ``versions``; with ``modules`` the module package of each ships a stand-in module for ``kernel``."""
-    packages = [(name, version) for version in versions for name in DRIVER_PACKAGES] + [
-        (f"linux-headers-{kernel}", "1")
-    ]
+    packages = [(name, version) for version in versions for name in DRIVER_PACKAGES]
+    packages += [(f"linux-headers-{kernel}", "1"), ("nvidia-persistenced", PERSISTENCED_VERSION)]
     repository = directory / "repository"
     repository.mkdir(parents=True)
     for name, version in packages:
@@ -205,13 +206,14 @@ def test_driver_packages_are_downloaded_before_the_first_turn_and_the_turn_downl
     path = inventory(fleet, tmp_path, hook)
     pins = (
         f"firmware-nvidia-gsp={PACKAGE_VERSION}, libcuda1={PACKAGE_VERSION}, linux-headers-{kernel}, "
-        f"nvidia-driver={PACKAGE_VERSION}, nvidia-kernel-dkms={PACKAGE_VERSION}, nvidia-smi={PACKAGE_VERSION}"
+        f"nvidia-driver={PACKAGE_VERSION}, nvidia-kernel-dkms={PACKAGE_VERSION}, "
+        f"nvidia-persistenced={PERSISTENCED_VERSION}, nvidia-smi={PACKAGE_VERSION}"
     )
     caches = {node: apt_cache(fleet, node) for node in NODES}
 
     dry = deploy(path, "--dry")
     assert dry.returncode == 0, dry.stdout
-    assert f"[dl1] plan: download before the turns: {pins} (6 files, " in dry.stdout, dry.stdout
+    assert f"[dl1] plan: download before the turns: {pins} (7 files, " in dry.stdout, dry.stdout
     assert "; the turn installs without downloading" in dry.stdout
     assert {node: apt_cache(fleet, node) for node in NODES} == caches, "a dry run wrote under /var/cache/apt"
     assert calls(log) == []
@@ -228,7 +230,7 @@ def test_driver_packages_are_downloaded_before_the_first_turn_and_the_turn_downl
             f"{name}_{PACKAGE_VERSION}_amd64.deb"
             for name in ("firmware-nvidia-gsp", "libcuda1", "nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi")
         ]
-        + [f"linux-headers-{kernel}_1_amd64.deb"]
+        + [f"linux-headers-{kernel}_1_amd64.deb", f"nvidia-persistenced_{PERSISTENCED_VERSION}_amd64.deb"]
     )
     for node in ("dl1", "dl2"):
         assert sorted(f for f in made[0]["caches"][node] if f.endswith(".deb")) == debs, made[0]["caches"]
@@ -292,9 +294,11 @@ def test_a_driver_change_that_does_not_load_after_its_reboot_is_put_back_from_th
     kernel = sh(fleet, node, "uname -r").strip()
     repository = build_repository(tmp_path / "build", kernel, (OLD_PACKAGE_VERSION, PACKAGE_VERSION), modules=True)
     prepare(fleet, node, repository)
-    old_pins = [f"{name}={OLD_PACKAGE_VERSION}" for name in DRIVER_PACKAGES]
+    # as the driver step installs driver OLD_DRIVER: its packages and nvidia-persistenced (of another version), held
+    old_set = {**{name: OLD_PACKAGE_VERSION for name in DRIVER_PACKAGES}, "nvidia-persistenced": PERSISTENCED_VERSION}
+    old_pins = [f"{name}={version}" for name, version in sorted(old_set.items())]
     sh(fleet, node, f"DEBIAN_FRONTEND=noninteractive apt-get install -y -q {' '.join(old_pins)} >/dev/null "
-                    f"&& apt-mark hold {' '.join(DRIVER_PACKAGES)} >/dev/null && apt-get clean")  # fmt: skip
+                    f"&& apt-mark hold {' '.join(old_set)} >/dev/null && apt-get clean")  # fmt: skip
     sh(fleet, node, f"umount /sys/module && echo {DRIVER} > {REFUSED}")
     put(fleet, node, f"{PLANTED}/boot.sh", BOOT_SCRIPT)
     put(fleet, node, "/etc/systemd/system/gpunode-test-gpu.service", BOOT_UNIT)
@@ -310,7 +314,7 @@ def test_a_driver_change_that_does_not_load_after_its_reboot_is_put_back_from_th
     dry = deploy(path, "--dry")
     assert dry.returncode == 0, dry.stdout
     kept = f"[{node}] plan: download before the turns, to put back where the change fails: driver {OLD_DRIVER}'s "
-    assert kept + f"packages {', '.join(old_pins)} (5 files, " in dry.stdout, dry.stdout
+    assert kept + f"packages {', '.join(old_pins)} (6 files, " in dry.stdout, dry.stdout
     assert (
         f"[{node}] plan: driver: reboot ({OLD_DRIVER} loaded, {DRIVER} installed); driver {OLD_DRIVER} put back where "
         "it does not load"
@@ -331,7 +335,9 @@ def test_a_driver_change_that_does_not_load_after_its_reboot_is_put_back_from_th
     # rebooted into the new driver, then into the old one again
     assert len(sh(fleet, node, f"cat {BOOTS}").split()) == 3
     assert sh(fleet, node, "cat /sys/module/nvidia/version") == f"{OLD_DRIVER}\n"
-    status = sh(fleet, node, "dpkg-query -W -f='${Status} ${Version}\\n' " + " ".join(DRIVER_PACKAGES))
-    assert status.splitlines() == [f"hold ok installed {OLD_PACKAGE_VERSION}"] * len(DRIVER_PACKAGES), status
+    status = sh(fleet, node, "dpkg-query -W -f='${Package} ${Status} ${Version}\\n' " + " ".join(old_set))
+    assert sorted(status.splitlines()) == [
+        f"{name} hold ok installed {version}" for name, version in sorted(old_set.items())
+    ]
     assert sh(fleet, node, "dpkg --audit") == ""
     assert sh(fleet, node, "modinfo -F version nvidia") == f"{OLD_DRIVER}\n"

@@ -125,6 +125,8 @@ def test_the_install_builds_the_module_for_the_boot_kernel_and_holds_the_whole_s
         if line.split()[1].startswith(f"{DRIVER}-")
     }
     assert {"nvidia-driver", "nvidia-kernel-dkms", "firmware-nvidia-gsp", f"linux-headers-{kernel}"} <= held
+    # only recommended by nvidia-driver: named, so that persistence mode can be turned on, and held with the set
+    assert "nvidia-persistenced" in held and (node / "usr/lib/systemd/system/nvidia-persistenced.service").exists()
     assert {"libnvidia-ml1", "libcuda1", "nvidia-kernel-support"} <= of_the_driver <= held, of_the_driver - held
 
 
@@ -203,6 +205,8 @@ def test_a_branch_change_installs_the_new_driver_then_removes_the_old(
     assert not (node / f"lib/modules/{kernel}/updates/dkms/nvidia-current.ko.xz").exists()
     of_tesla = {name for name, version in after.items() if version.startswith(f"{TESLA}-")}
     assert of_tesla <= set(sh(node, "apt-mark showhold").split())
+    # nvidia-persistenced kept through the change, on the branch's own libnvidia-cfg1: no 550 library left with it
+    assert "nvidia-persistenced" in after and "libnvidia-tesla-535-cfg1" in after and "libnvidia-cfg1" not in after
     # `modprobe nvidia` loads what Debian's alternatives name: now the 535 module
     assert "install nvidia modprobe -i nvidia-tesla-535 " in sh(node, "cat /etc/modprobe.d/nvidia.conf")
     assert sh(node, f"modinfo -k {kernel} -F version nvidia-tesla-535").strip() == TESLA
@@ -228,6 +232,7 @@ def test_putting_the_replaced_driver_back_after_a_change_reinstalls_and_holds_it
             before = {name: v for name, v in driver_packages(before_change).items() if v.startswith(f"{DRIVER}-")}
         assert {name: version for name, version in after.items() if version.startswith(f"{DRIVER}-")} == before
         assert set(before) <= set(sh(node, "apt-mark showhold").split())
+        assert "nvidia-persistenced" in after and "libnvidia-tesla-535-cfg1" not in after
         assert "install nvidia modprobe -i nvidia-current " in sh(node, "cat /etc/modprobe.d/nvidia.conf")
         assert sh(node, f"modinfo -k {kernel} -F version nvidia-current").strip() == DRIVER
         status, log = run(node)

@@ -195,10 +195,12 @@ def test_driver_plan_dry_run_debian(node: Path) -> None:
     assert plan.error == ""
     assert plan.method == "dkms"
     assert sorted(plan.packages) == [
-        "firmware-nvidia-gsp", "libcuda1", headers, "nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi",
+        "firmware-nvidia-gsp", "libcuda1", headers, "nvidia-driver", "nvidia-kernel-dkms", "nvidia-persistenced",
+        "nvidia-smi",
     ]  # fmt: skip
     assert plan.version.startswith("550.")
     assert plan.packages.pop(headers) == ""  # the running kernel's headers, as the index has them
+    assert plan.packages.pop("nvidia-persistenced") == available["nvidia-persistenced"][0]  # contrib's, its own version
     assert all(v.startswith(plan.version + "-") for v in plan.packages.values())
 
     refused = plan_driver(info, check_request(DriverRequest(branch="550", flavor="default")), {}, available)

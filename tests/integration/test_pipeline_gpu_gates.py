@@ -66,6 +66,7 @@ HOST_STATE = [
     "hi \tlibcuda1\t550.163.01-2",
     "hi \tnvidia-smi\t550.163.01-2",
     "hi \tnvidia-kernel-dkms\t550.163.01-2",
+    "hi \tnvidia-persistenced\t550.163.01-1",
     "hi \tlinux-headers-6.12.117+deb13-amd64\t6.12.117-1",
     "@@kmod",
     "/lib/modules/6.12.117+deb13-amd64/updates/dkms/nvidia-current.ko.xz",

@@ -41,7 +41,7 @@ def debian_550(*kernels: str) -> dict[str, list[str]]:
     """Debian 13's 550 packages as its index offers them, with the headers of ``kernels``."""
     names = ("nvidia-driver", "firmware-nvidia-gsp", "libcuda1", "nvidia-smi", "nvidia-kernel-dkms")
     headers = {f"linux-headers-{kernel}": [kernel.split("+", 1)[0] + "-1"] for kernel in kernels}
-    return {**{name: ["550.163.01-2"] for name in names}, **headers}
+    return {**{name: ["550.163.01-2"] for name in names}, "nvidia-persistenced": ["550.163.01-1"], **headers}
 
 
 @pytest.mark.parametrize(
@@ -237,6 +237,10 @@ def test_debian_needs_dkms_with_headers_and_pins_each_package() -> None:
         f"linux-headers-{DEBIAN.kernel}": ["6.12.117-1"],
     }
     assert "allow_dkms" in plan_driver(DEBIAN, req(branch="550"), {}, available).error
+    # nvidia-persistenced is in contrib, which a node with non-free only lacks
+    error = plan_driver(DEBIAN, req(branch="550", allow_dkms=True), {}, available).error
+    assert "offers no nvidia-persistenced (Debian carries it in the contrib component" in error
+    available["nvidia-persistenced"] = ["550.163.01-1"]
     plan = plan_driver(DEBIAN, req(branch="550", allow_dkms=True), {}, available)
     assert plan.packages == {
         "nvidia-driver": "550.163.01-5.1",
@@ -245,6 +249,7 @@ def test_debian_needs_dkms_with_headers_and_pins_each_package() -> None:
         "nvidia-smi": "550.163.01-2",
         "nvidia-kernel-dkms": "550.163.01-2",
         f"linux-headers-{DEBIAN.kernel}": "",  # the running kernel's, unpinned: DKMS builds nothing without
+        "nvidia-persistenced": "550.163.01-1",  # only recommended too; a version of its own
     }
 
 
@@ -257,8 +262,8 @@ def test_debian_branches_per_release() -> None:
     bookworm = HostInfo("debian", "12", "6.1.0-30-amd64")
     assert "not in Debian 12" in plan_driver(bookworm, req(branch="550"), {}, {}).error
     assert wanted_names(DEBIAN, req(branch="535")) == [
-        "nvidia-tesla-535-driver", "libnvidia-tesla-535-cuda1", "nvidia-tesla-535-smi",
-        "nvidia-tesla-535-kernel-dkms", f"linux-headers-{DEBIAN.kernel}",
+        "nvidia-tesla-535-driver", "libnvidia-tesla-535-cuda1", "nvidia-tesla-535-smi", "libnvidia-tesla-535-cfg1",
+        "nvidia-persistenced", "nvidia-tesla-535-kernel-dkms", f"linux-headers-{DEBIAN.kernel}",
     ]  # fmt: skip
     assert "no open kernel module" in plan_driver(DEBIAN, req(branch="535", flavor="open"), {}, {}).error
     assert wanted_names(DEBIAN, req(branch="550", flavor="open"))[-2] == "nvidia-open-kernel-dkms"
@@ -345,5 +350,8 @@ def test_the_replaced_drivers_packages_are_its_versions_exact_pins_and_only_what
         "linux-headers-6.12.117+deb13-amd64": {"version": "6.12.117-1"},
         "nvidia-smi;rm": {"version": "550.163.01-2"}, "libcuda1": {"version": "550.163.01-2 x"},
     }  # fmt: skip
-    assert previous_set(installed, "550.163.01") == {"libnvidia-ml1": "1:550.163.01-2", "nvidia-driver": "550.163.01-2"}
+    assert previous_set(installed, "550.163.01") == {
+        "libnvidia-ml1": "1:550.163.01-2", "nvidia-driver": "550.163.01-2",
+        "nvidia-persistenced": "550.54.14-1",  # of a version of its own: kept through the change, put back with it
+    }  # fmt: skip
     assert previous_set(installed, "") == {}
