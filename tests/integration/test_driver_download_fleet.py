@@ -29,6 +29,7 @@ import pytest
 from tests import cli
 from tests.fleet.fleet import Fleet, HostSpec
 from tests.fleet.plugin import FleetFactory
+from tests.integration.driver_repository import DRIVER_PACKAGES, PERSISTENCED_VERSION, build_repository
 from tests.integration.summary import summary_rows
 from tests.integration.test_gpu_node_fleet import sh
 
@@ -40,9 +41,6 @@ DRIVER = "550.163.01"
 PACKAGE_VERSION = f"{DRIVER}-2"
 OLD_DRIVER = "550.144.03"
 OLD_PACKAGE_VERSION = f"{OLD_DRIVER}-1"
-DRIVER_PACKAGES = ("firmware-nvidia-gsp", "libcuda1", "nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi")
-# as in Debian's contrib: one nvidia-persistenced, at the newest driver's version, for every driver
-PERSISTENCED_VERSION = f"{DRIVER}-1"
 APT_REPOSITORY = "/srv/gpunode-test-repo"
 SOURCE_LIST = "/etc/apt/sources.list.d/gpunode-test.list"
 PLANTED = "/root/gpunode-planted"
@@ -67,59 +65,6 @@ def fleet(fleet_factory: FleetFactory) -> Iterator[Fleet]:
     # Names of their own: fleets share network namespaces by host name.
     with fleet_factory.lent([HostSpec(name, "trixie") for name in NODES], "download") as booted:
         yield booted
-
-
-def build_repository(
-    directory: Path, kernel: str, versions: tuple[str, ...] = (PACKAGE_VERSION,), modules: bool = False
-) -> Path:
-    """A flat apt repository (``Packages`` beside the ``.deb`` files) of the test driver packages, at each of
-    ``versions``; with ``modules`` the module package of each ships a stand-in module for ``kernel``."""
-    packages = [(name, version) for version in versions for name in DRIVER_PACKAGES]
-    packages += [(f"linux-headers-{kernel}", "1"), ("nvidia-persistenced", PERSISTENCED_VERSION)]
-    repository = directory / "repository"
-    repository.mkdir(parents=True)
-    for name, version in packages:
-        tree = directory / "trees" / f"{name}_{version}"
-        (tree / "DEBIAN").mkdir(parents=True)
-        (tree / "DEBIAN" / "control").write_text(
-            f"Package: {name}\nVersion: {version}\nArchitecture: amd64\n"
-            "Maintainer: pyinfra-gpunode tests <tests@example.invalid>\nDescription: test package\n"
-        )
-        (tree / "usr/share/doc" / name).mkdir(parents=True)
-        (tree / "usr/share/doc" / name / "test-package").write_text(f"{name} {version}\n")
-        if name == "nvidia-kernel-dkms" and modules:
-            stand_in_module(tree, kernel, version.rsplit("-", 1)[0])
-        subprocess.run(
-            ["dpkg-deb", "--root-owner-group", "-b", str(tree), str(repository / f"{name}_{version}_amd64.deb")],
-            check=True, capture_output=True,
-        )  # fmt: skip
-    index = subprocess.run(
-        ["dpkg-scanpackages", "-m", ".", "/dev/null"], cwd=repository, check=True, capture_output=True, text=True
-    )
-    (repository / "Packages").write_text(index.stdout)
-    return repository
-
-
-def stand_in_module(tree: Path, kernel: str, version: str) -> None:
-    """``/lib/modules/KERNEL/updates/dkms/nvidia.ko`` in package tree ``tree``: an object file whose ``.modinfo``
-    says what DKMS's build would (version, vermagic), indexed by ``depmod`` when installed and removed."""
-    module_dir = tree / "lib/modules" / kernel / "updates/dkms"
-    module_dir.mkdir(parents=True)
-    work = tree.parent / f"{tree.name}.build"
-    work.mkdir()
-    info = work / "modinfo"
-    info.write_bytes(
-        f"version={version}\0vermagic={kernel} SMP preempt mod_unload modversions \0name=nvidia\0".encode()
-    )
-    subprocess.run(["as", "-o", str(work / "empty.o"), "/dev/null"], check=True)
-    subprocess.run(
-        ["objcopy", f"--add-section=.modinfo={info}", "--set-section-flags=.modinfo=alloc,readonly",
-         str(work / "empty.o"), str(module_dir / "nvidia.ko")],
-        check=True,
-    )  # fmt: skip
-    for script in ("postinst", "postrm"):
-        (tree / "DEBIAN" / script).write_text(f"#!/bin/sh\ndepmod {kernel}\n")
-        (tree / "DEBIAN" / script).chmod(0o755)
 
 
 def copy_tree(fleet: Fleet, node: str, source: Path, target: str) -> None:
