@@ -175,3 +175,14 @@ def plant_preinstalled_driver(on: Callable[[str, bytes | None], object]) -> None
     on(f"cat > {runtime} && chmod 755 {runtime}", b"#!/bin/sh\n")
     on("mkdir -p /etc/cdi && cat > /etc/cdi/nvidia.yaml", cdi_spec().encode())
     on("cat > /etc/systemd/system/nvidia-persistenced.service && systemctl daemon-reload", PERSISTENCED)
+
+
+def boot_unit(description: str, script: str, after: str = "", before: str = "ssh.service") -> str:
+    """A oneshot unit that runs the shell file ``script`` at every boot, before ``before`` (the planted state is
+    there before anything reads it), after ``after`` where given."""
+    ordering = f"After={after}\n" if after else ""
+    return (
+        f"[Unit]\nDescription={description}\n{ordering}Before={before}\n\n"
+        f"[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/sh {script}\n\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )

@@ -30,6 +30,7 @@ from tests import cli
 from tests.fleet.fleet import Fleet, HostSpec
 from tests.fleet.plugin import FleetFactory
 from tests.integration.driver_repository import DRIVER_PACKAGES, PERSISTENCED_VERSION, build_repository
+from tests.integration.gpu_state import boot_unit
 from tests.integration.summary import summary_rows
 from tests.integration.test_gpu_node_fleet import sh
 
@@ -209,18 +210,11 @@ mount --bind {PLANTED}/pci /sys/bus/pci/devices
 mount --bind {PLANTED}/module /sys/module
 mount --bind {PLANTED}/firmware /sys/firmware
 """
-BOOT_UNIT = f"""[Unit]
-Description=test: the GPU, and the nvidia module unless the kernel refuses it
-Before=ssh.service containerd.service
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/bin/sh {PLANTED}/boot.sh
-
-[Install]
-WantedBy=multi-user.target
-"""
+BOOT_UNIT = boot_unit(
+    "test: the GPU, and the nvidia module unless the kernel refuses it",
+    f"{PLANTED}/boot.sh",
+    before="ssh.service containerd.service",
+)
 
 
 def put(fleet: Fleet, node: str, path: str, text: str) -> None:

@@ -25,6 +25,7 @@ from tests.fleet.paths import cache_dir
 from tests.fleet.roots import hostprep_root, writable_copy
 from tests.integration.driver_packages import installed_layer, kernel_of
 from tests.integration.driver_repository import DRIVER_PACKAGES, PERSISTENCED_VERSION, build_repository
+from tests.integration.gpu_state import boot_unit
 
 pytestmark = pytest.mark.vm
 
@@ -52,19 +53,7 @@ refused=-
 [ "$loaded" != none ] || refused=$(modprobe nvidia 2>&1 | grep -c "could not insert 'nvidia': No such device")
 echo "$(cat /proc/sys/kernel/random/boot_id) $loaded $refused" >> {PLANTED}/boots
 """
-BOOT_UNIT = f"""[Unit]
-Description=test: an NVIDIA GPU on the PCI bus
-After=systemd-modules-load.service
-Before=ssh.service
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/bin/sh {PLANTED}/boot.sh
-
-[Install]
-WantedBy=multi-user.target
-"""
+BOOT_UNIT = boot_unit("test: an NVIDIA GPU on the PCI bus", f"{PLANTED}/boot.sh", after="systemd-modules-load.service")
 DEPLOY = """\
 from pyinfra_gpunode.operations import driver
 
