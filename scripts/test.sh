@@ -46,7 +46,7 @@ set -m
 for run in "${runs[@]}"; do
     case "$run" in
         fast-*) selection=(--shard fast) ;;
-        modules) selection=(--shard "modules,fast,vm") ;;
+        modules) selection=(--shard "vm,modules,fast") ;;
         session) selection=(--shard "session,modules,fast,vm") ;;
         fast) selection=(--shard "fast,vm,modules") ;;
     esac

@@ -93,14 +93,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def in_shard_order(items: list[pytest.Item], shards: tuple[str, ...]) -> list[pytest.Item]:
     """The tests of ``shards``, a module at a time, tests in their order within a module: the first shard's
     modules in their order (those in ``LONGEST_FIRST`` first), then each later shard's from its last module
-    (a process that takes another's modules when done with its own starts where that one arrives last)."""
+    (a process that takes another's modules when done with its own starts where that one arrives last). A
+    first ``vm`` shard (few, long tests, begun before the rest so that nothing waits on them at the end) makes
+    the next one the process's own too: its modules in their order."""
+    owned = 2 if shards[0] == "vm" else 1
     ordered: list[pytest.Item] = []
     for position, shard in enumerate(shards):
         modules: dict[str, list[pytest.Item]] = {}
         for item in items:
             if shard_of(item) == shard:
                 modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-        if position == 0:
+        if position < owned:
             rank = {name: position for position, name in enumerate(LONGEST_FIRST)}
             names = sorted(modules, key=lambda name: rank.get(name, len(rank)))
         else:

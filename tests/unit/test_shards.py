@@ -78,6 +78,18 @@ def test_a_process_runs_its_first_shard_longest_modules_first_then_a_later_shard
     ]
 
 
+def test_a_first_vm_shard_runs_before_a_shard_the_process_still_owns(
+    listing: dict[str, tuple[str, set[str]]],
+) -> None:
+    """``--shard vm,modules``: the qemu host's tests first, then the module fleets' as their owner runs them
+    (``LONGEST_FIRST`` first), not from the end as a borrowed shard's."""
+    order = [line.split("::")[0] for line in collected("--shard", "vm,modules") if line.startswith("tests/")]
+    vm = {node_id.split("::")[0] for node_id, (shard, _) in listing.items() if shard == "vm"}
+    assert vm and set(order[: len([1 for _, (shard, _) in listing.items() if shard == "vm"])]) == vm
+    later = list(dict.fromkeys(name for name in order if name not in vm or name in LONGEST_FIRST))
+    assert later[: len(LONGEST_FIRST)] == list(LONGEST_FIRST)
+
+
 @pytest.mark.parametrize("value", ["quick", "fast,fast", "fast,", ""])
 def test_a_shard_list_naming_no_shard_is_refused(value: str) -> None:
     with pytest.raises(pytest.UsageError) as refused:
