@@ -37,9 +37,9 @@ DEBIAN_FAMILIES: dict[str, dict[str, str]] = {
     "13": {"550": "current", "535": "tesla-535"},
 }
 
-# Debian packages of the driver tree at versions of their own, taken at any version: nvidia-persistenced (contrib;
-# trixie's 550.163.01-1 serves the 550 and Tesla 535 trees, each driver only recommends it, so an install without
-# recommendations lacks it and persistence mode cannot be turned on).
+# Debian packages of the driver tree at versions of their own (the installed one, else the index's newest):
+# nvidia-persistenced (contrib; trixie's 550.163.01-1 serves the 550 and Tesla 535 trees; each driver only
+# recommends it, so an install without recommendations lacks it and persistence mode cannot be turned on).
 DEBIAN_COMPANIONS = ("nvidia-persistenced",)
 
 FLAVORS = ("default", "server", "open", "server-open")

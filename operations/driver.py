@@ -176,10 +176,8 @@ def driver(
         problem = _load_problem(plan.version)
         if problem and to_install and decided.previous:
             yield from _put_back(decided, problem, reboot_timeout)
-        elif problem:
-            yield _fail(problem)
-        elif state.is_executing:
-            logger.info("%sdriver %s loaded after the reboot", host.print_prefix, plan.version)
+        else:
+            yield from _loaded(plan.version, problem)
         return
     if not to_install and not decided.to_hold:
         if decided.needs_reboot:
@@ -332,11 +330,7 @@ def _preinstalled(description: str, loaded: DriverInfo, reboot: bool, timeout: i
             logger.info("%splan: %s; reboot into its userspace %s", host.print_prefix, description,
                         loaded["userspace_version"])  # fmt: skip
         yield from _rebooted(timeout)
-        problem = _load_problem(loaded["userspace_version"])
-        if problem:
-            yield _fail(problem)
-        elif state.is_executing:
-            logger.info("%sdriver %s loaded after the reboot", host.print_prefix, loaded["userspace_version"])
+        yield from _loaded(loaded["userspace_version"], _load_problem(loaded["userspace_version"]))
         return
     if loaded["mismatch"]:
         description += f"; its userspace library is {loaded['userspace_version']}: reboot pending"
@@ -397,6 +391,14 @@ def _load_problem(version: str | None) -> str:
             f"(userspace {now['userspace_version'] or 'none'}), not {version}"
         )
     return ""
+
+
+def _loaded(version: str | None, problem: str) -> Generator[Any, Any, None]:
+    """After a reboot: fail the host with ``problem`` (``_load_problem``'s), or say driver ``version`` is loaded."""
+    if problem:
+        yield _fail(problem)
+    elif state.is_executing:
+        logger.info("%sdriver %s loaded after the reboot", host.print_prefix, version)
 
 
 def _put_back(decided: DriverDecision, problem: str, timeout: int) -> Generator[Any, Any, None]:
