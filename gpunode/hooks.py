@@ -98,8 +98,8 @@ def hook_environment(
         "GPUNODE_HOSTNAME": hostname,
         "GPUNODE_CHANGES": "\n".join(change_lines(changes)),
         "GPUNODE_DRIVER_CHANGE": "1" if any(change.startswith("driver") for change in changes) else "0",
-        "GPUNODE_DRIVER_FROM": driver[0],
-        "GPUNODE_DRIVER_TO": driver[1],
+        "GPUNODE_DRIVER_FROM": printable(driver[0]),  # the loaded module's version: the node's text, as in the changes
+        "GPUNODE_DRIVER_TO": printable(driver[1]),
         "GPUNODE_TURN": turn,
         "GPUNODE_BATCH": batch,
     }

@@ -57,6 +57,9 @@ def test_the_environment_carries_the_turns_planned_changes() -> None:
         "GPUNODE_CHANGES": "\n".join(changes), "GPUNODE_DRIVER_CHANGE": "1", "GPUNODE_DRIVER_FROM": "550.144.03",
         "GPUNODE_DRIVER_TO": "550.163.01", "GPUNODE_TURN": "7/40", "GPUNODE_BATCH": "batch 3/20",
     }  # fmt: skip
+    # the loaded module's version is the node's text: printable, as the changes that carry it
+    odd = hook_environment({}, "before", "n", "h", changes, driver=("550.144.03\x1b[2J", "550.163.01"))
+    assert odd["GPUNODE_DRIVER_FROM"] == "550.144.03<U+001B>[2J"
     unchanged = hook_environment({}, "before", "n", "h", changes[1:])
     assert (unchanged["GPUNODE_DRIVER_CHANGE"], unchanged["GPUNODE_DRIVER_FROM"], unchanged["GPUNODE_DRIVER_TO"]) == (
         "0",
