@@ -36,8 +36,8 @@ removable() {
         autoremove 2>/dev/null | awk '/^Remv / {print $2}' | grep -Fx "$(printf '%s\n' "$@")"
 }
 
-# retired V: driver V's packages but those named in $wanted (a package the new driver takes at any version,
-# nvidia-persistenced, is of the old one's version until its archive has another)
+# retired V: driver V's packages but those named in $wanted (a package the new driver keeps at its installed
+# version, nvidia-persistenced, may have the old driver's version)
 retired() {
     of_version "$1" | grep -vFx "$wanted"
 }
