@@ -353,7 +353,8 @@ KEYS: dict[str, Key] = {
         Key(
             "gpunode_reboot",
             "bool",
-            "reboot a node whose installed driver differs from the loaded module, then check it again",
+            "reboot a node whose installed driver differs from the loaded module, then check it again; a "
+            "driver the turn installed in place of another that is not loaded then is put back, rebooted into",
             _bool,
         ),
         Key(
