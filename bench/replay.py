@@ -12,6 +12,7 @@ the run (``use_connector``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -41,6 +42,8 @@ VARYING = (
 CONTROL_ARGUMENTS = ("_get_pty", "_timeout", "_stdin", "_success_exit_codes")
 # The recorded host's own ids in its answers (the lines after these markers of the node's identity read).
 IDENTITY_MARKERS = {"@@machine_id": re.compile(r"^[0-9a-f]{32}$"), "@@boot_id": re.compile(r"^[0-9a-f-]{36}$")}
+# A marker's line and the line after it, anywhere in an answer (one pass over the answer, not one per line).
+IDENTITY_LINES = re.compile(r"^(" + "|".join(map(re.escape, IDENTITY_MARKERS)) + r")\n([^\n]*)$", re.MULTILINE)
 SECRET_MARKERS = ("PRIVATE KEY", "BEGIN OPENSSH", "ssh-ed25519 ", "ssh-rsa ", "password", "token")
 
 
@@ -57,7 +60,13 @@ class Answer:
 
 def command_key(command_line: str, node: str) -> str:
     """``command_line`` with ``node`` (the host's inventory name), temp paths and timestamps as placeholders."""
-    key = command_line.replace(node, NODE) if node else command_line
+    return _placeholders(command_line.replace(node, NODE) if node else command_line)
+
+
+@functools.lru_cache(maxsize=1024)
+def _placeholders(key: str) -> str:
+    """``key`` with temp paths and timestamps as placeholders (every node sends the same long commands: worked
+    out once each, so that the bench's own cost per node does not grow with a command's length)."""
     for pattern, placeholder in VARYING:
         key = pattern.sub(placeholder, key)
     return key
@@ -87,14 +96,15 @@ def save(path: Path, header: dict[str, Any], answers: dict[str, Answer]) -> None
 
 def own_ids(stdout: str, node: str) -> str:
     """``stdout`` with the recorded host's machine id and boot id replaced by ids of ``node``'s own."""
-    lines = stdout.splitlines(keepends=True)
-    for index in range(1, len(lines)):
-        form = IDENTITY_MARKERS.get(lines[index - 1].rstrip("\n"))
-        if form and form.match(lines[index].rstrip("\n")):
-            digest = hashlib.sha256(f"{node}:{lines[index - 1]}".encode()).hexdigest()[:32]
-            own = digest if len(lines[index].rstrip("\n")) == 32 else str(uuid.UUID(digest))
-            lines[index] = own + "\n"
-    return "".join(lines)
+
+    def own(found: re.Match[str]) -> str:
+        marker, value = found.group(1), found.group(2)
+        if not IDENTITY_MARKERS[marker].match(value):
+            return found.group(0)
+        digest = hashlib.sha256(f"{node}:{marker}\n".encode()).hexdigest()[:32]
+        return f"{marker}\n{digest if len(value) == 32 else uuid.UUID(digest)}"
+
+    return IDENTITY_LINES.sub(own, stdout)
 
 
 class ReplayConnector(BaseConnector):

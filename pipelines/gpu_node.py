@@ -41,7 +41,7 @@ from pyinfra_gpunode.operations import (
     toolkit,
     unattended_upgrades,
 )
-from pyinfra_gpunode.operations._internals import current_state
+from pyinfra_gpunode.operations._internals import current_state, prepared_kept
 from pyinfra_gpunode.operations._lock import lock_changes
 from pyinfra_gpunode.operations._packages import downloaded_packages
 from pyinfra_gpunode.operations._run_state import run_state
@@ -129,6 +129,7 @@ def nvidia_runtime_registered(settings: Settings | None = None) -> None:
             _register(settings)
     finally:
         _arrived()
+        prepared_kept()
 
 
 def _register(settings: Settings | None) -> None:
@@ -395,6 +396,7 @@ def gpu_node_prepared() -> None:
     with node_boundary("the GPU node"):
         _prepare()
     _arrived()  # a node failed before its rollout step still counts as arrived for the plan
+    prepared_kept()
 
 
 def _prepare() -> None:

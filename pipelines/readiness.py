@@ -18,6 +18,7 @@ from pyinfra_gpunode.hostdata import HostDataError, world_writable_warnings
 from pyinfra_gpunode.hostdata import settings as settings_of
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import hostdata, readiness
+from pyinfra_gpunode.operations._internals import prepared_kept
 from pyinfra_gpunode.operations._shared import snapshot_binary
 
 
@@ -48,6 +49,7 @@ def node_readiness_reported(fail_not_ready: bool = True) -> None:
         mode=settings.containerd.mode,
         persistence_mode=settings.driver.persistence_mode,
     )
+    prepared_kept()
 
 
 def _check_json_path(path: str | None) -> None:

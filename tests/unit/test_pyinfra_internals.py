@@ -23,6 +23,8 @@ from pyinfra_gpunode.operations._internals import (
     PYINFRA_ALL_GLOBAL_ARGUMENTS,
     PYINFRA_ARGUMENT_USERS,
     PYINFRA_OPERATION_MODULE,
+    PYINFRA_POP_GLOBAL_ARGUMENTS,
+    PYINFRA_POP_USERS,
     changed_operations,
     current_host,
     current_operation,
@@ -36,6 +38,8 @@ from pyinfra_gpunode.operations._internals import (
     operation_order,
     operation_result,
     outside_operation,
+    pop_global_arguments,
+    prepared_kept,
     runs_after_prepare,
     spawn,
 )
@@ -214,6 +218,49 @@ def test_the_pipelines_order_operations_by_one_frame_walk_and_read_the_global_ar
 
     assert PYINFRA_OPERATION_MODULE.get_operation_order_from_stack is operation_order
     assert all(module.all_global_arguments is global_arguments for module in PYINFRA_ARGUMENT_USERS)
+    assert all(module.pop_global_arguments is pop_global_arguments for module in PYINFRA_POP_USERS)
+
+
+def test_pop_global_arguments_is_pyinfras_own_from_every_source_of_host_data() -> None:
+    """pyinfra's own function (kept before it is replaced) against ours, on a host whose global arguments come
+    from each source ``host.data`` reads, first to last (override, host, group, inventory, deploy data), beside
+    the deploy's keyword arguments and the call's own; a value is each caller's own copy, as pyinfra's is."""
+    env = {"FROM": "group"}
+    inventory = Inventory(
+        ([("@fake/a", {"_sudo": True, "_timeout": 5})], {"_timeout": 99, "_env": {"FROM": "all"}, "_retries": 2}),
+        override_data={"_sudo_user": "override"},
+        gpu=(["@fake/a"], {"_env": env, "_retries": 3, "_sudo_user": "group"}),
+    )
+    state = State(inventory=inventory, config=Config())
+    node = state.inventory.get_host("@fake/a")
+    cases: list[dict[str, Any]] = [{}, {"_sudo": False, "name": "kept"}, {"_env": {"FROM": "call"}, "_retries": 7}]
+    for deploy_kwargs, deploy_data in [(None, None), ({"_shell_executable": "bash"}, {"_retry_delay": 4})]:
+        with node.deploy("d", kwargs=deploy_kwargs, data=deploy_data):  # type: ignore[arg-type]
+            for call in cases:
+                theirs_kwargs, ours_kwargs = dict(call), dict(call)
+                theirs = PYINFRA_POP_GLOBAL_ARGUMENTS(state, node, theirs_kwargs)
+                ours = pop_global_arguments(state, node, ours_kwargs)
+                assert ours == theirs and ours_kwargs == theirs_kwargs, (call, deploy_kwargs)
+                assert "_env" in call or ours[0]["_env"] is not env, "a host-data value must be the caller's copy"
+    assert theirs[0]["_sudo_user"] == "override" and theirs[0]["_timeout"] == 5 and theirs[0]["_retry_delay"] == 4
+
+
+def test_prepared_kept_freezes_what_is_alive_in_the_cli_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    import pyinfra
+
+    before = gc.get_freeze_count()
+    try:
+        monkeypatch.setattr(pyinfra, "is_cli", False)
+        prepared_kept()
+        assert gc.get_freeze_count() == before, "called from Python, nothing is frozen"
+        monkeypatch.setattr(pyinfra, "is_cli", True)
+        kept = [[index] for index in range(3)]  # lists: objects the collector tracks
+        prepared_kept()
+        assert gc.get_freeze_count() >= before + len(kept), "in the CLI, what is alive is frozen"
+    finally:
+        gc.unfreeze()
 
 
 def test_global_arguments_are_pyinfras_own_and_a_new_list_each_call() -> None:
