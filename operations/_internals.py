@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc
 import importlib
 import sys
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator
 from contextlib import contextmanager
 from copy import copy
 from types import FrameType
@@ -76,6 +76,23 @@ def current_operation() -> str | None:
     """The hash of the operation running on pyinfra's ``host``, None outside one."""
     op_hash: str | None = host.current_op_hash
     return op_hash
+
+
+Operation = Callable[..., Any]  # a pyinfra operation (``@operation`` function)
+
+
+def operation_body(function: Operation) -> Callable[..., Generator[Any, Any, None]]:
+    """The generator function ``@operation`` wrapped: the operation's commands, called outside pyinfra's
+    bookkeeping (pyinfra names it ``_inner`` for operations that run another's commands)."""
+    body: Callable[..., Generator[Any, Any, None]] = getattr(function, "_inner")  # noqa: B009
+    return body
+
+
+def ordered_by_call_site() -> bool:
+    """Whether pyinfra tells this process's operation calls apart by where they are called (the CLI); else
+    (``add_op``, ``add_deploy``) by how many each node has called so far, so that the nodes of a run must call
+    the same operations in the same order."""
+    return bool(pyinfra.is_cli)
 
 
 def spawn(run: State, function: Callable[..., T], *args: Any) -> Result[T]:

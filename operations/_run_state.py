@@ -9,7 +9,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyinfra.api.state import State
 
@@ -31,6 +31,9 @@ class RunState:
     snapshot_binaries: dict[str, str] = field(default_factory=dict)
     unchanging_operations: set[str] = field(default_factory=set)
     reads_set_aside: dict[str, int] = field(default_factory=dict)
+    # Each node's facts as its current reads hold them, by fact and arguments (a marker where none holds
+    # one), while its reads, its changes and the pass are as the stamp says.
+    found: dict[str, tuple[tuple[int, int, bool], dict[tuple[Any, str], Any]]] = field(default_factory=dict)
     # Each node's newest decision per step (``decided_once``): the read it was made from, its key, the decision.
     decisions: dict[tuple[str, str], tuple[object, Hashable, object]] = field(default_factory=dict)
 

@@ -105,7 +105,10 @@ def read_afresh(run: State, name: str) -> None:
 def _generation(run: State, node: Any) -> int:
     """What makes a read current: the node's changes and failures so far, and its reads set aside."""
     found = run_state(run)
-    return node_changes(run, node, found.unchanging_operations) + found.reads_set_aside.get(node.name, 0)
+    set_aside = found.reads_set_aside.get(node.name, 0)
+    if not state.is_executing:  # no operation has run yet
+        return set_aside
+    return node_changes(run, node, found.unchanging_operations) + set_aside
 
 
 def snapshot_binary(binary: str) -> None:
@@ -124,7 +127,7 @@ def node_fact(fact: type[FactBase[T]], **kwargs: Any) -> T:
     reads = run_state(run).reads.setdefault(node.name, [])
     changes = _generation(run, node)
     wanted = _arguments(fact, kwargs)
-    found = _current_value(fact, wanted, reads, changes)
+    found = _found(run, node.name, fact, wanted, reads, changes)
     if found is not _NOT_HELD:
         return cast(T, found)
     binary = run_state(run).snapshot_binaries.get(node.name, DEFAULT_BINARY)
@@ -170,6 +173,19 @@ def decided_once(step: str, read: object, key: Hashable, decide: Callable[[], T]
     found = decide()
     decisions[slot] = (read, key, found)
     return found
+
+
+def _found(run: State, name: str, fact: Fact, wanted: dict[str, Any], reads: list[_Read], changes: int) -> Any:
+    """``_current_value``, looked up once per node while its reads, its changes and the pass stay the same (the
+    steps of one node ask for the same facts dozens of times, each a walk through the snapshot's parts)."""
+    stamp = (len(reads), changes, state.is_executing)
+    kept = run_state(run).found.get(name)
+    if kept is None or kept[0] != stamp:
+        kept = run_state(run).found[name] = (stamp, {})
+    key = (fact, repr(wanted))
+    if key not in kept[1]:
+        kept[1][key] = _current_value(fact, wanted, reads, changes)
+    return kept[1][key]
 
 
 def _current_value(fact: Fact, wanted: dict[str, Any], reads: list[_Read], changes: int) -> Any:

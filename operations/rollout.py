@@ -27,6 +27,7 @@ from pyinfra_gpunode.operations._internals import (
     failed_operation,
     first_failure,
     on_host,
+    operation_body,
     operation_result,
     outside_operation,
     spawn,
@@ -328,8 +329,8 @@ def _shared_identities(run: State, names: Collection[str]) -> dict[str, str]:
 def _files_only(runtime: dict[str, Any]) -> Generator[Any, Any, None]:
     """A ``restart: none`` node: its files (after a backup), no restart, no turn."""
     if containerd.registration(**runtime).writes:
-        yield from containerd.config_backed_up._inner(path=_backup_path())
-    yield from containerd.nvidia_runtime._inner(**runtime)
+        yield from operation_body(containerd.config_backed_up)(path=_backup_path())
+    yield from operation_body(containerd.nvidia_runtime)(**runtime)
 
 
 def _backup_path() -> str:

@@ -29,6 +29,7 @@ from pyinfra_gpunode.hostdata import settings as settings_of
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import (
     cdi,
+    converged,
     distribution,
     driver,
     fabric_manager,
@@ -46,6 +47,7 @@ from pyinfra_gpunode.operations._lock import lock_changes
 from pyinfra_gpunode.operations._packages import downloaded_packages
 from pyinfra_gpunode.operations._run_state import run_state
 from pyinfra_gpunode.operations._shared import node_fact, snapshot_binary
+from pyinfra_gpunode.operations.converged import Step
 from pyinfra_gpunode.operator import (
     DRIVER_OFF,
     DRIVER_ROOT,
@@ -352,30 +354,37 @@ def _gpu_steps(settings: Settings, in_turn: bool = False) -> None:
     driver.driver(
         name="NVIDIA driver: installed and held, or preinstalled", downloaded=downloaded, **_driver_arguments(settings)
     )
-    ready = partial(_driver_ready, settings)
     driver_info, found = node_fact(NvidiaDriver), node_fact(GpuOperatorState)
+    after: list[Step] = []
     if driver_from_container(driver_info, found):
         _report().skipped.append(f"Fabric Manager: the GPU Operator's driver container ({DRIVER_ROOT}) runs it")
     else:
-        fabric_manager.fabric_manager(
-            name="Fabric Manager: matches the driver", preinstalled=_preinstalled(settings), _if=ready
-        )
-        persistence.persistence_mode(
-            name="NVIDIA persistence mode: as asked", mode=settings.driver.persistence_mode, _if=ready
-        )
-    toolkit.container_toolkit(
-        name="NVIDIA Container Toolkit: installed and held",
-        **_toolkit_arguments(settings),
-        downloaded=downloaded,
-        _if=ready,
-    )
-    cdi.refresh_start_limit(name="CDI refresh: no start limit", _if=ready)
-    cdi.spec(
-        name="CDI spec: current for the loaded driver",
-        path=settings.cdi.spec_path,
-        owner=settings.cdi.owner,
-        _if=ready,
-    )
+        after += [
+            Step(
+                fabric_manager.fabric_manager,
+                "Fabric Manager: matches the driver",
+                {"preinstalled": _preinstalled(settings)},
+            ),
+            Step(
+                persistence.persistence_mode,
+                "NVIDIA persistence mode: as asked",
+                {"mode": settings.driver.persistence_mode},
+            ),
+        ]
+    after += [
+        Step(
+            toolkit.container_toolkit,
+            "NVIDIA Container Toolkit: installed and held",
+            {**_toolkit_arguments(settings), "downloaded": downloaded},
+        ),
+        Step(cdi.refresh_start_limit, "CDI refresh: no start limit"),
+        Step(
+            cdi.spec,
+            "CDI spec: current for the loaded driver",
+            {"path": settings.cdi.spec_path, "owner": settings.cdi.owner},
+        ),
+    ]
+    converged.taken(after, _if=partial(_driver_ready, settings))
 
 
 @deploy("Prepare a Kubernetes GPU node")
@@ -411,14 +420,21 @@ def _prepare() -> None:
     if _platform_refused(settings) or _operator_refused(settings):
         return
     updates = settings.updates
-    kernel.held(name="kernel: held", present=updates.kernel_hold)
-    unattended_upgrades.configured(
-        name="unattended-upgrades and needrestart: configured",
-        mode=updates.unattended,
-        blacklist=updates.blacklist,
-        needrestart_keep=updates.needrestart_keep,
+    converged.taken(
+        [
+            Step(kernel.held, "kernel: held", {"present": updates.kernel_hold}),
+            Step(
+                unattended_upgrades.configured,
+                "unattended-upgrades and needrestart: configured",
+                {
+                    "mode": updates.unattended,
+                    "blacklist": updates.blacklist,
+                    "needrestart_keep": updates.needrestart_keep,
+                },
+            ),
+            Step(kernel.nouveau_blacklisted, "nouveau: blacklisted"),
+        ]
     )
-    kernel.nouveau_blacklisted(name="nouveau: blacklisted")
     if kind["gpus"]["gpus"]:
         changes, versions = driver.driver_changes(**_driver_arguments(settings))
         changes += _toolkit_changes(settings)

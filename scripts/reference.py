@@ -44,6 +44,7 @@ SUBJECTS = (
     "identity",
     "rollout",
     "readiness",
+    "converged",
 )
 
 

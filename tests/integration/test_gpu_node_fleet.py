@@ -139,6 +139,11 @@ def test_clean_and_field_incident_nodes_converge_in_inventory_order(fleet: Fleet
     ran = re.findall(r"Running command on (node\d): ", second.stdout)
     assert {node: ran.count(node) for node in NODES} == dict.fromkeys(NODES, 1), ran
     assert {node: sh(fleet, node, "cat /run/pyinfra-gpunode/node.lock") for node in NODES} == locks
+    # The host steps: an operation each where they had changes to make; one operation on converged nodes.
+    prep = "kernel: held; unattended-upgrades and needrestart: configured; nouveau: blacklisted"
+    alone = re.compile(r"^--> Starting operation: .*\| unattended-upgrades and needrestart: configured\s*$", re.M)
+    assert alone.search(first.stdout) and prep not in first.stdout, first.stdout
+    assert prep in second.stdout and not alone.search(second.stdout), second.stdout
 
 
 def test_restart_failure_on_node2_rolls_back_and_halts(fleet: Fleet) -> None:
