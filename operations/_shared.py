@@ -146,6 +146,17 @@ def node_fact(fact: type[FactBase[T]], **kwargs: Any) -> T:
     return cast(T, reads[-1].value)
 
 
+def reads_stamp() -> Hashable:
+    """What this node's reads are now, as a value equal to a later one while every fact ``node_fact`` returns
+    stays the same: no read added or set aside, no change on the node, and (while executing) the run going on
+    from the prepare pass's reads. Unequal to every other where nothing is kept (outside a run)."""
+    if not in_a_run():
+        return object()
+    node, run = current_host(), current_state()
+    carried = not state.is_executing or runs_after_prepare(run)
+    return (node.name, len(run_state(run).reads.get(node.name, [])), _generation(run, node), carried or object())
+
+
 def earlier_read(fact: type[FactBase[T]], **kwargs: Any) -> T:
     """``fact`` as the newest read of this node in this pass holds it, current or not (no read again after a
     change), else ``node_fact``'s: for a caller that needs only what no operation here changes, e.g. which

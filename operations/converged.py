@@ -11,8 +11,7 @@ had the node changed since. Elsewhere each step is its own operation, as before.
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +20,7 @@ from pyinfra import state
 from pyinfra.api import operation
 
 from pyinfra_gpunode.operations._internals import Operation, operation_body, ordered_by_call_site
+from pyinfra_gpunode.operations._shared import reads_stamp
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,26 @@ class Step:
     arguments: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Planned:
+    """What a group's steps said when the node was planned (logger name, level, message each) and the node's
+    reads then (``_shared.reads_stamp``)."""
+
+    said: tuple[tuple[str, int, str], ...]
+    reads: Hashable
+
+
 @operation()
-def steps(steps: Sequence[Step]) -> Generator[Any, Any, None]:
+def steps(steps: Sequence[Step], planned: Planned | None = None) -> Generator[Any, Any, None]:
     """
     Several steps as one operation: each step's commands, in order, as its own operation would yield them
     (none where each still has nothing to do). ``taken`` calls it for a group none of whose steps had
     anything to do when the node was planned.
 
     + steps: the steps (``Step``: the operation, its name, its arguments)
+    + planned: what the steps said when planned, and the node's reads then; while the node's reads are still
+      those (nothing ran on it since, and the run goes on from the plan's reads), the steps are not asked
+      again: what they said is said again
 
     **Example:**
 
@@ -50,6 +62,10 @@ def steps(steps: Sequence[Step]) -> Generator[Any, Any, None]:
             steps=[Step(kernel.held, "kernel: held"), Step(kernel.nouveau_blacklisted, "nouveau: blacklisted")],
         )
     """
+    if planned is not None and reads_stamp() == planned.reads:
+        for name, level, message in planned.said:
+            logging.getLogger(name).log(level, "%s", message)
+        return
     for step in steps:
         yield from operation_body(step.operation)(**step.arguments)
 
@@ -59,44 +75,48 @@ def taken(group: Sequence[Step], **global_arguments: Any) -> None:
     anything to do, all of them as one (``steps``, named by their names); ``global_arguments`` (``_if``)
     apply to each. Only where pyinfra tells operations apart by where they are called (the CLI): from Python
     it tells them apart by their count on each node, so every node must call the same ones."""
-    if ordered_by_call_site() and not state.is_executing and len(group) > 1 and not any(map(_has_changes, group)):
-        steps(name="; ".join(step.name for step in group), steps=list(group), **global_arguments)
+    planned = _planned(group) if ordered_by_call_site() and not state.is_executing and len(group) > 1 else None
+    if planned is not None:
+        steps(name="; ".join(step.name for step in group), steps=list(group), planned=planned, **global_arguments)
         return
     for step in group:
         step.operation(name=step.name, **step.arguments, **global_arguments)
 
 
-def _has_changes(step: Step) -> bool:
-    """Whether ``step`` yields a command on this node now (a step that raises counts as one: its own
-    operation then raises it, as before). Nothing it logs is printed."""
-    with _quiet():
-        commands = operation_body(step.operation)(**step.arguments)
-        try:
-            return next(commands, None) is not None
-        except Exception:  # the step's own operation raises it again, naming the step
-            return True
-        finally:
-            commands.close()
+def _planned(group: Sequence[Step]) -> Planned | None:
+    """What ``group``'s steps say on this node now, None where one of them yields a command (or raises: its
+    own operation then raises it, as before). Nothing they log is printed."""
+    said: list[tuple[str, int, str]] = []
+    _PROBING.said = said
+    try:
+        for step in group:
+            commands = operation_body(step.operation)(**step.arguments)
+            try:
+                if next(commands, None) is not None:
+                    return None
+            except Exception:  # the step's own operation raises it again, naming the step
+                return None
+            finally:
+                commands.close()
+    finally:
+        _PROBING.said = None
+    return Planned(tuple(said), reads_stamp())
 
 
 _PROBING = local()  # per greenlet: pyinfra plans the nodes side by side
 
 
-class _NotWhileProbing(logging.Filter):
+class _HeldWhileProbing(logging.Filter):
+    """A record this greenlet logs while its steps are asked is kept for them, not printed."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not getattr(_PROBING, "on", False)
+        said: list[tuple[str, int, str]] | None = getattr(_PROBING, "said", None)
+        if said is None:
+            return True
+        said.append((record.name, record.levelno, record.getMessage()))
+        return False
 
 
-_FILTER = _NotWhileProbing()
+_FILTER = _HeldWhileProbing()
 for _name in ("pyinfra", "pyinfra.gpunode"):  # host.noop's logger, and this project's
     logging.getLogger(_name).addFilter(_FILTER)
-
-
-@contextmanager
-def _quiet() -> Generator[None, None, None]:
-    """Nothing this greenlet logs inside the block is printed (other nodes' messages are)."""
-    _PROBING.on = True
-    try:
-        yield
-    finally:
-        _PROBING.on = False
