@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pyinfra_gpunode.operations.containerd import Registration
     from pyinfra_gpunode.readiness import NodeReadiness as ReadinessReport
     from pyinfra_gpunode.rollout import NodeReport, NodeSettings, Outcome, RolloutPolicy
+    from pyinfra_gpunode.settings import Settings
 
 
 @dataclass
@@ -34,6 +35,8 @@ class RunState:
     # Each node's facts as its current reads hold them, by fact and arguments (a marker where none holds
     # one), while its reads, its changes and the pass are as the stamp says.
     found: dict[str, tuple[tuple[int, int, bool], dict[tuple[Any, str], Any]]] = field(default_factory=dict)
+    # pipelines/_settings.py: each node's host data as validated (its text, its settings).
+    settings: dict[str, tuple[str, Settings]] = field(default_factory=dict)
     # Each node's newest decision per step (``decided_once``): the read it was made from, its key, the decision.
     decisions: dict[tuple[str, str], tuple[object, Hashable, object]] = field(default_factory=dict)
 

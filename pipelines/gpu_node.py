@@ -25,7 +25,6 @@ from pyinfra_gpunode.facts.node import NodeKind
 from pyinfra_gpunode.facts.operator import GpuOperatorInfo, GpuOperatorState
 from pyinfra_gpunode.hooks import HOOK_KEYS, check_hook
 from pyinfra_gpunode.hostdata import HostDataError, rollout_settings, world_writable_warnings
-from pyinfra_gpunode.hostdata import settings as settings_of
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import (
     cdi,
@@ -60,6 +59,7 @@ from pyinfra_gpunode.operator import (
     take_over_note,
 )
 from pyinfra_gpunode.pipelines._boundary import node_boundary
+from pyinfra_gpunode.pipelines._settings import validated_settings
 from pyinfra_gpunode.platform import requests_of
 from pyinfra_gpunode.rollout import NodeReport, RolloutPolicy, rollout_order
 from pyinfra_gpunode.settings import Settings
@@ -69,7 +69,7 @@ from pyinfra_gpunode.toolkit_plan import ToolkitRequestError, check_toolkit
 def host_settings() -> Settings:
     """This host's validated host data, its hooks checked on the controller, with the rollout's
     policy checked against the inventory."""
-    found = settings_of(host.data.dict())
+    found = validated_settings()
     before_key, after_key = HOOK_KEYS
     hooks = replace(
         found.hooks,

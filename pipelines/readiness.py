@@ -15,11 +15,11 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from pyinfra_gpunode.hostdata import HostDataError, world_writable_warnings
-from pyinfra_gpunode.hostdata import settings as settings_of
 from pyinfra_gpunode.log import logger
 from pyinfra_gpunode.operations import hostdata, readiness
 from pyinfra_gpunode.operations._internals import prepared_kept
 from pyinfra_gpunode.operations._shared import snapshot_binary
+from pyinfra_gpunode.pipelines._settings import validated_settings
 
 
 @deploy("Report GPU node readiness")
@@ -29,7 +29,7 @@ def node_readiness_reported(fail_not_ready: bool = True) -> None:
     nodes that are not ready fail with their first broken link unless ``fail_not_ready`` is false.
     """
     try:
-        settings = settings_of(host.data.dict())
+        settings = validated_settings()
         _check_json_path(settings.readiness.json_path)
     except HostDataError as error:
         hostdata.accepted(name="host data: accepted", error=str(error))
