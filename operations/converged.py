@@ -11,7 +11,7 @@ had the node changed since. Elsewhere each step is its own operation, as before.
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Hashable, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,19 +25,28 @@ from pyinfra_gpunode.operations._shared import reads_stamp
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a group: ``operation`` called with ``name`` and ``arguments``."""
+    """One step of a group: ``operation`` called with ``name`` and ``arguments``; ``when``: its condition
+    (pyinfra's ``_if``, asked when it executes), None for none."""
 
     operation: Operation
     name: str
     arguments: Mapping[str, Any] = field(default_factory=dict)
+    when: Callable[[], bool] | None = None
+
+    def skipped(self) -> bool:
+        """Whether its condition, asked as pyinfra asks ``_if`` (only when executing), says no."""
+        return state.is_executing and self.when is not None and not self.when()
+
+
+Said = tuple[tuple[str, int, str], ...]  # what a step logged: logger name, level, message each
 
 
 @dataclass(frozen=True)
 class Planned:
-    """What a group's steps said when the node was planned (logger name, level, message each) and the node's
-    reads then (``_shared.reads_stamp``)."""
+    """What each step of a group said when the node was planned, and the node's reads then
+    (``_shared.reads_stamp``)."""
 
-    said: tuple[tuple[str, int, str], ...]
+    said: tuple[Said, ...]
     reads: Hashable
 
 
@@ -45,11 +54,11 @@ class Planned:
 def steps(steps: Sequence[Step], planned: Planned | None = None) -> Generator[Any, Any, None]:
     """
     Several steps as one operation: each step's commands, in order, as its own operation would yield them
-    (none where each still has nothing to do). ``taken`` calls it for a group none of whose steps had
-    anything to do when the node was planned.
+    (none where each still has nothing to do), a step whose condition says no skipped. ``taken`` calls it for
+    a group none of whose steps had anything to do when the node was planned.
 
-    + steps: the steps (``Step``: the operation, its name, its arguments)
-    + planned: what the steps said when planned, and the node's reads then; while the node's reads are still
+    + steps: the steps (``Step``: the operation, its name, its arguments, its condition)
+    + planned: what each step said when planned, and the node's reads then; while the node's reads are still
       those (nothing ran on it since, and the run goes on from the plan's reads), the steps are not asked
       again: what they said is said again
 
@@ -62,34 +71,39 @@ def steps(steps: Sequence[Step], planned: Planned | None = None) -> Generator[An
             steps=[Step(kernel.held, "kernel: held"), Step(kernel.nouveau_blacklisted, "nouveau: blacklisted")],
         )
     """
-    if planned is not None and reads_stamp() == planned.reads:
-        for name, level, message in planned.said:
-            logging.getLogger(name).log(level, "%s", message)
-        return
-    for step in steps:
+    replayed = planned is not None and reads_stamp() == planned.reads
+    for index, step in enumerate(steps):
+        if step.skipped():
+            continue
+        if planned is not None and replayed:
+            for name, level, message in planned.said[index]:
+                logging.getLogger(name).log(level, "%s", message)
+            continue
         yield from operation_body(step.operation)(**step.arguments)
 
 
-def taken(group: Sequence[Step], **global_arguments: Any) -> None:
-    """Each step of ``group`` as its own operation, or, while planning a node on which none of them has
-    anything to do, all of them as one (``steps``, named by their names); ``global_arguments`` (``_if``)
-    apply to each. Only where pyinfra tells operations apart by where they are called (the CLI): from Python
-    it tells them apart by their count on each node, so every node must call the same ones."""
+def taken(group: Sequence[Step]) -> None:
+    """Each step of ``group`` as its own operation (its condition as ``_if``), or, while planning a node on
+    which none of them has anything to do, all of them as one (``steps``, named by their names). Only where
+    pyinfra tells operations apart by where they are called (the CLI): from Python it tells them apart by
+    their count on each node, so every node must call the same ones."""
     planned = _planned(group) if ordered_by_call_site() and not state.is_executing and len(group) > 1 else None
     if planned is not None:
-        steps(name="; ".join(step.name for step in group), steps=list(group), planned=planned, **global_arguments)
+        steps(name="; ".join(step.name for step in group), steps=list(group), planned=planned)
         return
     for step in group:
-        step.operation(name=step.name, **step.arguments, **global_arguments)
+        condition = {} if step.when is None else {"_if": step.when}
+        step.operation(name=step.name, **step.arguments, **condition)
 
 
 def _planned(group: Sequence[Step]) -> Planned | None:
-    """What ``group``'s steps say on this node now, None where one of them yields a command (or raises: its
-    own operation then raises it, as before). Nothing they log is printed."""
-    said: list[tuple[str, int, str]] = []
-    _PROBING.said = said
+    """What each of ``group``'s steps says on this node now, None where one of them yields a command (or
+    raises: its own operation then raises it, as before). Nothing they log is printed."""
+    said: list[Said] = []
     try:
         for step in group:
+            held: list[tuple[str, int, str]] = []
+            _PROBING.said = held
             commands = operation_body(step.operation)(**step.arguments)
             try:
                 if next(commands, None) is not None:
@@ -98,6 +112,7 @@ def _planned(group: Sequence[Step]) -> Planned | None:
                 return None
             finally:
                 commands.close()
+            said.append(tuple(held))
     finally:
         _PROBING.said = None
     return Planned(tuple(said), reads_stamp())

@@ -151,7 +151,9 @@ def nvidia_runtime_rolled_out(
     environment plus ``GPUNODE_HOOK``, ``GPUNODE_NODE``, ``GPUNODE_HOSTNAME``,
     ``GPUNODE_CHANGES`` (the turn's planned changes, one a line), ``GPUNODE_DRIVER_CHANGE``,
     ``GPUNODE_TURN`` (``k/n``) and ``GPUNODE_BATCH`` (``canary 1/1``, ``batch 2/5``, ...);
-    the hooks of a batch run at the same time, their output prefixed with their node.
+    the hooks of a batch run at the same time, their output prefixed with their node. At its end a
+    node's lock this run still holds is released (a turn releases it with the turn's mark; a failed
+    node keeps it until it expires), so ``node_unlocked`` need not follow.
     A failed before-hook leaves its node untouched; a turn that failed runs no after-hook (the
     node stays as the before-hook left it, e.g. cordoned). A turn marks its node
     (``/var/lib/pyinfra-gpunode/turn.json``) until its after-hook ended: a later run takes a
@@ -186,6 +188,7 @@ def nvidia_runtime_rolled_out(
         return
     if not _takes_turns(mine):
         yield from _files_only(mine["runtime"])
+        yield from _lock.release()
         return
     run = current_state()
     outcomes = run_state(run).outcomes
@@ -194,8 +197,9 @@ def nvidia_runtime_rolled_out(
     outcome = outcomes.get(host.name, NOT_IN_ORDER)
     if outcome.kind in (OutcomeKind.FAILED, OutcomeKind.NOT_IN_ORDER):
         yield fail(f"containerd rollout {outcome}")
-    else:
-        host.noop(f"containerd rollout: {outcome}")
+        return
+    host.noop(f"containerd rollout: {outcome}")
+    yield from _lock.release()  # where a step before the rollout took it and no turn released it
 
 
 def _takes_turns(settings: NodeSettings) -> bool:

@@ -163,8 +163,7 @@ def _register(settings: Settings | None) -> None:
         canary=policy.canary,
         max_failed=policy.max_failed,
         _serial=True,
-    )
-    rollout.node_unlocked(name="node: lock released")
+    )  # which releases the node lock at its end
 
 
 def _arrived() -> None:
@@ -351,40 +350,50 @@ def _gpu_steps(settings: Settings, in_turn: bool = False) -> None:
     """The driver, then (once it is loaded and matches its userspace) Fabric Manager, the toolkit, CDI.
     ``in_turn``: in the node's rollout turn, installing only what ``_downloads`` put in apt's cache."""
     downloaded = downloaded_packages(current_state(), host.name) if in_turn else None
-    driver.driver(
-        name="NVIDIA driver: installed and held, or preinstalled", downloaded=downloaded, **_driver_arguments(settings)
+    ready = partial(_driver_ready, settings)
+    driver_step = Step(
+        driver.driver,
+        "NVIDIA driver: installed and held, or preinstalled",
+        {"downloaded": downloaded, **_driver_arguments(settings)},
     )
+    group = [driver_step]
+    if in_turn:  # the driver changes now: what follows is decided from the node it leaves
+        converged.taken(group)
+        group = []
     driver_info, found = node_fact(NvidiaDriver), node_fact(GpuOperatorState)
-    after: list[Step] = []
     if driver_from_container(driver_info, found):
         _report().skipped.append(f"Fabric Manager: the GPU Operator's driver container ({DRIVER_ROOT}) runs it")
     else:
-        after += [
+        group += [
             Step(
                 fabric_manager.fabric_manager,
                 "Fabric Manager: matches the driver",
                 {"preinstalled": _preinstalled(settings)},
+                ready,
             ),
             Step(
                 persistence.persistence_mode,
                 "NVIDIA persistence mode: as asked",
                 {"mode": settings.driver.persistence_mode},
+                ready,
             ),
         ]
-    after += [
+    group += [
         Step(
             toolkit.container_toolkit,
             "NVIDIA Container Toolkit: installed and held",
             {**_toolkit_arguments(settings), "downloaded": downloaded},
+            ready,
         ),
-        Step(cdi.refresh_start_limit, "CDI refresh: no start limit"),
+        Step(cdi.refresh_start_limit, "CDI refresh: no start limit", {}, ready),
         Step(
             cdi.spec,
             "CDI spec: current for the loaded driver",
             {"path": settings.cdi.spec_path, "owner": settings.cdi.owner},
+            ready,
         ),
     ]
-    converged.taken(after, _if=partial(_driver_ready, settings))
+    converged.taken(group)
 
 
 @deploy("Prepare a Kubernetes GPU node")

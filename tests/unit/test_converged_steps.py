@@ -123,3 +123,25 @@ def test_on_the_plans_reads_the_one_operation_says_what_the_steps_said_without_a
         assert ASKED == ["first", "second"] * 2 and len(warned) == 2
     else:  # said once, when it executes
         assert ASKED == asked_at_plan and len(warned) == 1
+
+
+def test_a_step_whose_condition_says_no_when_it_executes_is_skipped_inside_the_one_operation(
+    run: State, caplog: pytest.LogCaptureFixture
+) -> None:
+    asked: list[bool] = []
+
+    def no() -> bool:
+        asked.append(False)
+        return False
+
+    group = [GROUP[0], Step(second_step, "second: done", {"word": "two"}, no)]
+    with caplog.at_level(logging.DEBUG):
+        taken(group)
+        read_afresh(run, "@fake/a")
+        TO_DO["second"] = True  # it would change the node, but its condition says no
+        with ctx_state.use(run):
+            run_ops(run)
+    node = run.inventory.get_host("@fake/a")
+    (meta,) = [data.operation_meta for data in run.ops[node].values()]
+    assert meta.did_succeed() and not meta.did_change(), meta
+    assert asked == [False], "the condition is asked when the operation executes, once"
