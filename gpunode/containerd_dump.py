@@ -51,10 +51,11 @@ def cri_tables(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: plugins.get(name, {}) for name in names}
 
 
-@by_content  # every node of a fleet whose configs are alike dumps the same text
+@by_content(shared=True)  # every node of a fleet whose configs are alike dumps the same text: one, read-only
 def parsed_dump(text: str) -> dict[str, Any]:
     """``containerd config dump``'s ``text`` parsed within ``node_toml``'s limits, its keys shared
-    (``with_shared_keys``); raises ``tomllib.TOMLDecodeError`` where it is no TOML or beyond the limits."""
+    (``with_shared_keys``), read-only (``memo.read_only``: the nodes that dumped the same text share it);
+    raises ``tomllib.TOMLDecodeError`` where it is no TOML or beyond the limits."""
     parsed: dict[str, Any] = with_shared_keys(node_toml.parsed_within_limits(text))  # kept here, not twice
     return parsed
 

@@ -19,6 +19,7 @@ from pyinfra_gpunode.containerd_dump import (
     summarize,
 )
 from pyinfra_gpunode.hostdata import HostDataError, validate
+from pyinfra_gpunode.memo import copied
 from pyinfra_gpunode.readiness import BROKEN, NOT_APPLICABLE, OK, assess
 from pyinfra_gpunode.versions import parse_containerd_version
 from tests.unit.test_readiness import BINARY, SPEC, healthy
@@ -303,6 +304,7 @@ def nri_node(disable: bool = False, enable_cdi: bool = True) -> dict[str, Any]:
     state = facts["containerd"]
     del state["dump"]["summary"]["runtimes"]["nvidia"]
     state["dump"]["summary"]["enable_cdi"] = enable_cdi
+    state["dump"]["dump"] = copied(state["dump"]["dump"])  # the parsed dump is shared, read-only
     state["dump"]["dump"]["plugins"][NRI]["disable"] = disable
     facts["cri"]["runtimes"] = [name for name in facts["cri"]["runtimes"] if name != "nvidia"]
     facts["toolkit"]["runtime_binary"] = None

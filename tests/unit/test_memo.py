@@ -77,3 +77,38 @@ def test_a_key_leaves_out_what_only_bounds_the_work() -> None:
 
     assert parsed("a", 1.5) == parsed("a", 0.25) == ["a"]
     assert calls == ["a"]
+
+
+def test_a_shared_result_is_one_read_only_object_whose_copies_are_ordinary() -> None:
+    import copy
+    import json
+
+    calls: list[str] = []
+
+    @by_content(shared=True)
+    def parsed(text: str) -> dict[str, Any]:
+        calls.append(text)
+        return {"plugins": {"cri": {"runtimes": ["runc"]}}, "version": 2}
+
+    first, second = parsed("a"), parsed("a")
+    assert first is second and calls == ["a"]
+    assert isinstance(first, dict) and isinstance(first["plugins"]["cri"]["runtimes"], list)
+    changes = [
+        lambda: first.update(version=3),
+        lambda: first["plugins"].setdefault("nri", {}),
+        lambda: first["plugins"]["cri"].__setitem__("x", 1),
+        lambda: first["plugins"]["cri"]["runtimes"].append("nvidia"),
+        lambda: first.pop("version"),
+        lambda: first["plugins"]["cri"]["runtimes"].sort(),
+    ]
+    for change in changes:
+        with pytest.raises(TypeError, match="shared by every node"):
+            change()
+    assert parsed("a") == {"plugins": {"cri": {"runtimes": ["runc"]}}, "version": 2}
+    for made in (copy.copy(first), copy.deepcopy(first), memo.copied(first), dict(first)):
+        assert type(made) is dict and made == first
+        made["version"] = 3
+    deep = copy.deepcopy(first)
+    deep["plugins"]["cri"]["runtimes"].append("nvidia")  # a deep copy is changeable all the way down
+    assert first["plugins"]["cri"]["runtimes"] == ["runc"]
+    assert json.loads(json.dumps(first)) == first
