@@ -3,9 +3,10 @@
 On a converged node every step only says so (``host.noop``), yet each pyinfra operation call costs the
 controller its own arguments, hash, order and bookkeeping for the run, per node: on a fleet the no-op run
 was mostly that. ``taken`` asks each step of a group, while planning, whether it has anything to do on the
-node (its body run to its first command, with nothing logged); where none has, the group is one operation
-(``steps``) that runs each step's body again when it executes, so it still does what the steps would do
-had the node changed since. Elsewhere each step is its own operation, as before.
+node (its body run to its first command, what it logs held back); where none has, the group is one
+operation (``steps``). Executing on the plan's reads (``-y``, nothing changed on the node since), it says
+what the steps said; on other reads it runs each step's body again, so it still does what the steps would
+do had the node changed since. Elsewhere each step is its own operation, as before.
 """
 
 from __future__ import annotations
