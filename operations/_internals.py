@@ -14,6 +14,7 @@ five sources called again for each of some thirty names), from the sources calle
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import sys
@@ -223,13 +224,16 @@ class _SourcesRead:
     its sources holding the name, a shallow copy), from its sources called once: each name an attribute."""
 
     def __init__(self, data: HostData) -> None:
-        names = {name for name, _ in global_arguments()}
-        sources = [source() if callable(source) else source for source in data.datas]
-        for source in reversed(sources):  # the first source holding a name is the last one set
-            for name in names.intersection(source):
-                self.__dict__[name] = source[name]
-        for name, value in self.__dict__.items():
-            self.__dict__[name] = copy(value)
+        for source in data.datas:  # the first source holding a name gives its value
+            found = source() if callable(source) else source
+            for name in _argument_names().intersection(found).difference(self.__dict__):
+                self.__dict__[name] = copy(found[name])
+
+
+@functools.cache
+def _argument_names() -> frozenset[str]:
+    """The global arguments' names (``global_arguments``), as a set, once per process."""
+    return frozenset(name for name, _ in global_arguments())
 
 
 class _ArgumentHost:
